@@ -1,0 +1,48 @@
+"""drivetrain: one PyTorch training program on any hardware, distribution scheme, precision and cluster.
+
+Everything here is imported lazily so that ``import drivetrain`` costs next to nothing beyond
+``import torch``; the first use of a name imports the module that defines it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "connect": "drivetrain.connector",
+    "seed_everything": "drivetrain.utilities.seed",
+    "Accelerator": "drivetrain.facade",
+    "Trainer": "drivetrain.trainer",
+    "TrainingModule": "drivetrain.trainer",
+    "DataModule": "drivetrain.trainer",
+}
+
+__all__ = [
+    "Accelerator",
+    "DataModule",
+    "Trainer",
+    "TrainingModule",
+    "__version__",
+    "connect",
+    "seed_everything",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from drivetrain.connector import connect
+    from drivetrain.utilities.seed import seed_everything
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'drivetrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
