@@ -1,0 +1,69 @@
+"""The hardware plugin interface: what a Strategy needs to know about a kind of device."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+
+class Accelerator(ABC):
+    """Connects drivetrain to one kind of hardware.
+
+    Subclasses implement the four static methods below; everything else has a working default.
+    Defining the classmethod :meth:`register_accelerators` on a subclass is enough for its short
+    name to work everywhere a string is accepted: the class registers itself when it is created.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "register_accelerators" in cls.__dict__:
+            from drivetrain.accelerators.registry import AcceleratorRegistry
+
+            cls.register_accelerators(AcceleratorRegistry)
+
+    # -- the seeds' contract ----------------------------------------------------------------
+    @staticmethod
+    @abstractmethod
+    def parse_devices(devices: Any) -> Any:
+        """Turn the user's ``devices`` value into this accelerator's device selection."""
+
+    @staticmethod
+    @abstractmethod
+    def get_parallel_devices(devices: Any) -> list[torch.device]:
+        """The ``torch.device`` of each process for a selection from :meth:`parse_devices`."""
+
+    @staticmethod
+    @abstractmethod
+    def auto_device_count() -> int:
+        """How many devices ``devices="auto"`` means."""
+
+    @staticmethod
+    @abstractmethod
+    def is_available() -> bool:
+        """Whether this hardware can be used in this process."""
+
+    def setup_device(self, device: torch.device) -> None:
+        """Prepare ``device`` for this process (select it, warm it up)."""
+
+    def setup(self, trainer: Any = None) -> None:
+        """Hook for custom strategies (the seeds call ``self.accelerator.setup()``); no-op by default."""
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_device` took."""
+
+    def get_device_stats(self, device: torch.device | str) -> dict[str, Any]:
+        """Figures about ``device`` for loggers (memory, utilisation)."""
+        return {}
+
+    @classmethod
+    def register_accelerators(cls, accelerator_registry: Any) -> None:
+        """Register this class under its short name(s); see the class docstring."""
+
+    # -- helpers the strategies use ---------------------------------------------------------
+    def synchronize(self, device: torch.device) -> None:
+        """Wait for the work queued on ``device`` (for timing); a no-op on synchronous hardware."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,22 @@
+"""The accelerator registry: short names such as ``"cpu"``, ``"cuda"`` or a user's ``"xpu"``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain.utilities.registry import Registry
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator  # noqa: F401 - used in the string annotation below
+
+    pass
+
+
+class _AcceleratorRegistry(Registry["Accelerator"]):
+    def available_accelerators(self) -> list[str]:
+        """The registered accelerator names (as Lightning users call it)."""
+        return self.available()
+
+
+AcceleratorRegistry = _AcceleratorRegistry("accelerator", entry_point_group="drivetrain.accelerators")
+"""The module-level accelerator registry."""
