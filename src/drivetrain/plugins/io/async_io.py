@@ -1,0 +1,176 @@
+"""Checkpoint saves in a background thread, so training continues while the file is written.
+
+The checkpoint's tensors are copied to CPU before ``save_checkpoint`` returns, so the caller may
+change parameters and optimizer state straight away; only the write (serialisation and disk
+I/O) happens later, in one worker thread, in the order the saves were requested.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
+from drivetrain.utilities.apply import apply_to_collection
+
+
+class AsyncCheckpointIO(CheckpointIO):
+    """Wrap another :class:`CheckpointIO` so that its saves run in the background.
+
+    An error in a background save is raised by the next call of any method (or by
+    :meth:`teardown`). If the object is dropped without :meth:`teardown`, the error is reported
+    as a ``RuntimeWarning`` when it is garbage-collected or the interpreter exits.
+    :meth:`load_checkpoint` and :meth:`remove_checkpoint` first wait for pending saves, so they
+    see every save requested before them.
+
+    Args:
+        checkpoint_io: the IO that does the writing; :class:`TorchCheckpointIO` by default.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        if checkpoint_io is not None and not isinstance(checkpoint_io, CheckpointIO):
+            raise TypeError(
+                f"AsyncCheckpointIO(checkpoint_io=...) expects a CheckpointIO instance, got "
+                f"{type(checkpoint_io).__name__}."
+            )
+        self.checkpoint_io: CheckpointIO = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self._queue = _SaveQueue()
+        # The finaliser holds the queue, never ``self``, so it cannot keep this object alive.
+        weakref.finalize(self, self._queue.close_abandoned)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
+    ) -> None:
+        """Snapshot ``checkpoint``'s tensors to CPU now and write it to ``path`` in the background."""
+        self._raise_failed_saves()
+        if isinstance(self.checkpoint_io, TorchCheckpointIO):
+            # Fail here, not one call later from the worker thread.
+            reject_storage_options(self.checkpoint_io, storage_options)
+        snapshot = _snapshot(checkpoint)
+        self._queue.submit(path, self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Wait for pending saves, then load through the wrapped IO (``kwargs`` go to it)."""
+        self._queue.wait()
+        self._raise_failed_saves()
+        return self.checkpoint_io.load_checkpoint(path, map_location, **kwargs)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Wait for pending saves (one may be writing ``path``), then remove through the wrapped IO."""
+        self._queue.wait()
+        self._raise_failed_saves()
+        self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Wait for every pending save and stop the worker thread; raise the first failed save."""
+        self._queue.shut_down()
+        try:
+            self._raise_failed_saves()
+        finally:
+            self.checkpoint_io.teardown()
+
+    def _raise_failed_saves(self) -> None:
+        failures = self._queue.take_failures()
+        if not failures:
+            return
+        path, error = failures[0]
+        note = f"Raised by the background save of the checkpoint to '{path}' (AsyncCheckpointIO)."
+        if len(failures) > 1:
+            others = ", ".join(f"'{p}' ({type(e).__name__}: {e})" for p, e in failures[1:])
+            note += f" Later background saves failed too: {others}."
+        if hasattr(error, "add_note"):  # Python >= 3.11
+            error.add_note(note)
+        raise error
+
+    # Strategies are pickled into spawned processes; threads and locks cannot travel.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"checkpoint_io": self.checkpoint_io}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["checkpoint_io"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.checkpoint_io!r})"
+
+
+class _SaveQueue:
+    """The worker thread, the pending saves and their failures; shared with the finaliser."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+        self._failures: list[tuple[str, BaseException]] = []
+        self._worker: int | None = None
+
+    def submit(self, path: str | Path, function: Any, *args: Any) -> None:
+        with self._lock:
+            if self._executor is None:
+                # One worker: saves run one at a time, in the order they were requested.
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drivetrain-ckpt")
+            self._pending = [future for future in self._pending if not future.done()]
+            self._pending.append(self._executor.submit(self._run, path, function, *args))
+
+    def _run(self, path: str | Path, function: Any, *args: Any) -> None:
+        self._worker = threading.get_ident()
+        try:
+            function(*args)
+        except BaseException as error:
+            with self._lock:
+                self._failures.append((str(path), error))
+
+    def wait(self) -> None:
+        with self._lock:
+            pending = list(self._pending)
+        wait_for_futures(pending)
+
+    def take_failures(self) -> list[tuple[str, BaseException]]:
+        with self._lock:
+            failures, self._failures = self._failures, []
+        return failures
+
+    def shut_down(self, wait: bool = True) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+            self._pending = [] if wait else self._pending
+        if executor is not None:
+            executor.shutdown(wait=wait)
+
+    def close_abandoned(self) -> None:
+        """Finish the saves of an object dropped without ``teardown()`` and report their failures."""
+        # The cyclic garbage collector may run this on the worker thread itself, which cannot wait
+        # for its own queue; pending saves still complete there, but a later failure goes unseen.
+        self.shut_down(wait=threading.get_ident() != self._worker)
+        failures = self.take_failures()
+        if failures:
+            listed = "; ".join(f"'{path}' ({type(error).__name__}: {error})" for path, error in failures)
+            warnings.warn(
+                f"{len(failures)} background checkpoint save(s) failed and were never reported, because "
+                f"AsyncCheckpointIO.teardown() was not called: {listed}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _snapshot(checkpoint: Any) -> Any:
+    """``checkpoint`` with every tensor replaced by a detached CPU copy (containers rebuilt)."""
+    copies: dict[int, Tensor] = {}
+
+    def copy(tensor: Tensor) -> Tensor:
+        # A tensor that appears twice (tied weights) is copied once and stays shared in the file.
+        found = copies.get(id(tensor))
+        if found is None:
+            found = copies[id(tensor)] = tensor.detach().to("cpu", copy=True)
+        return found
+
+    return apply_to_collection(checkpoint, Tensor, copy)

@@ -1,0 +1,58 @@
+"""The shared machinery of the "true" precisions: everything computes in one floating dtype.
+
+``"64-true"``, ``"16-true"`` and ``"bf16-true"`` differ only in the dtype, so they share this
+one private base: the module is cast, created and run in ``dtype``, batches are cast into it and
+outputs are cast back to float32 so that losses and metrics computed outside ``forward`` see
+the dtype the rest of a training program expects.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from drivetrain.plugins.precision.precision import Precision, default_dtype
+from drivetrain.utilities.apply import apply_to_collection
+
+
+class _TruePrecision(Precision):
+    """Run the whole model in ``dtype`` (parameters, buffers, inputs and activations)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model is converted to and computes in."""
+        return self._dtype
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast every floating-point parameter and buffer of ``module`` to :attr:`dtype`."""
+        return module.to(dtype=self._dtype)
+
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        """Make :attr:`dtype` the default so a model built inside is born in it (no fp32 copy)."""
+        return default_dtype(self._dtype)
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """Make :attr:`dtype` the default so tensors created inside ``forward`` match the weights."""
+        return default_dtype(self._dtype)
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast every floating-point tensor in ``data`` to :attr:`dtype` (integer tensors are kept)."""
+        return apply_to_collection(data, Tensor, self._to_compute_dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        """Cast every tensor of :attr:`dtype` in ``data`` back to float32 (gradients flow through)."""
+        return apply_to_collection(data, Tensor, self._to_float32)
+
+    def _to_compute_dtype(self, tensor: Tensor) -> Tensor:
+        return tensor.to(self._dtype) if tensor.is_floating_point() else tensor
+
+    def _to_float32(self, tensor: Tensor) -> Tensor:
+        # Only tensors in the compute dtype came out of the converted model; a float64 metric
+        # a user computes inside a half-precision forward is theirs to keep.
+        return tensor.to(torch.float32) if tensor.dtype == self._dtype else tensor

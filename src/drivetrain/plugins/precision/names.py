@@ -1,0 +1,118 @@
+"""Precision names: the canonical ones, the spellings that map onto them, and the registry.
+
+The canonical names are Lightning's current ones (``"bf16-mixed"`` …). Users arriving from
+Accelerate write ``mixed_precision="fp16"``, and older Lightning code ``precision=16``; both
+spellings are accepted and mean exactly the canonical name they map to, so a string means the
+same thing through every front door.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from drivetrain.plugins.precision.amp import MixedPrecision
+from drivetrain.plugins.precision.double import DoublePrecision
+from drivetrain.plugins.precision.half import HalfPrecision
+from drivetrain.plugins.precision.precision import Precision
+from drivetrain.utilities.registry import Registry
+
+CANONICAL_PRECISIONS: tuple[str, ...] = (
+    "64-true",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+)
+
+#: Other accepted spellings → the canonical name they mean.
+PRECISION_ALIASES: dict[str | int, str] = {
+    # Accelerate's ``mixed_precision`` values.
+    "no": "32-true",
+    "fp16": "16-mixed",
+    "bf16": "bf16-mixed",
+    # Lightning's legacy values, as ints or strings.
+    64: "64-true",
+    32: "32-true",
+    16: "16-mixed",
+    "64": "64-true",
+    "32": "32-true",
+    "16": "16-mixed",
+    "fp32": "32-true",
+    "fp64": "64-true",
+}
+
+PrecisionRegistry: Registry[Precision] = Registry("precision", entry_point_group="drivetrain.precision")
+PrecisionRegistry.register("64-true", DoublePrecision, description="float64 weights, inputs and compute")
+PrecisionRegistry.register("32-true", Precision, description="float32 throughout (the default)")
+PrecisionRegistry.register(
+    "16-mixed",
+    MixedPrecision,
+    description="float16 autocast, float32 weights, loss scaling",
+    precision="16-mixed",
+)
+PrecisionRegistry.register(
+    "bf16-mixed", MixedPrecision, description="bfloat16 autocast, float32 weights", precision="bf16-mixed"
+)
+PrecisionRegistry.register(
+    "16-true", HalfPrecision, description="float16 weights, inputs and compute", precision="16-true"
+)
+PrecisionRegistry.register(
+    "bf16-true", HalfPrecision, description="bfloat16 weights, inputs and compute", precision="bf16-true"
+)
+
+
+def _accepted_spellings() -> str:
+    aliases = ", ".join(f"{alias!r}→{name!r}" for alias, name in PRECISION_ALIASES.items())
+    return f"{', '.join(map(repr, CANONICAL_PRECISIONS))} (or {aliases})"
+
+
+def canonical_precision(value: str | int) -> str:
+    """The canonical name for a precision spelling: ``"fp16"`` and ``16`` → ``"16-mixed"``.
+
+    Raises:
+        TypeError: if ``value`` is neither a string nor an int (``True`` is not a precision).
+        ValueError: for a string or int that names no precision; the message lists the accepted ones.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(
+            f"A precision is given as a string such as 'bf16-mixed' (or Lightning's legacy ints 64, 32, "
+            f"16), got {value!r} of type {type(value).__name__}. Pass a Precision instance to the "
+            f"strategy if you built one yourself."
+        )
+    if value in CANONICAL_PRECISIONS:
+        return value
+    canonical = PRECISION_ALIASES.get(value)
+    if canonical is None:
+        raise ValueError(f"Unknown precision {value!r}. Accepted: {_accepted_spellings()}.")
+    return canonical
+
+
+def precision_from_name(value: str | int, device_type: str) -> Precision:
+    """Build the precision plugin a name stands for, for hardware of ``device_type``.
+
+    ``value`` may be a canonical name, an accepted spelling (see :func:`canonical_precision`) or
+    a name registered in :data:`PrecisionRegistry` by a user or a plugin package. ``device_type``
+    (``"cuda"``, ``"cpu"`` …) reaches only the plugins whose constructor takes ``device``.
+
+    Raises:
+        TypeError: if ``value`` is neither a string nor an int.
+        ValueError: for an unknown name, or a precision the device cannot run (from the plugin).
+    """
+    if isinstance(value, str) and value in PrecisionRegistry:
+        name = value
+    else:
+        try:
+            name = canonical_precision(value)
+        except ValueError:
+            raise ValueError(
+                f"Unknown precision {value!r}. Accepted: {_accepted_spellings()}; registered: "
+                f"{', '.join(PrecisionRegistry.available())}. Register your own with "
+                f"PrecisionRegistry.register(name, cls)."
+            ) from None
+    entry = PrecisionRegistry.entry(name)
+    overrides: dict[str, Any] = {}
+    if "device" in inspect.signature(entry.cls).parameters:
+        overrides["device"] = device_type
+    return PrecisionRegistry.get(name, **overrides)
