@@ -1,0 +1,17 @@
+"""Strategies: how model, optimizers and data are distributed, and the collectives between processes."""
+
+from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.strategies.ddp import DDPStrategy
+from drivetrain.strategies.parallel import ParallelStrategy
+from drivetrain.strategies.registry import StrategyRegistry
+from drivetrain.strategies.single_device import SingleDeviceStrategy
+from drivetrain.strategies.strategy import Strategy
+
+__all__ = [
+    "CheckpointIO",
+    "DDPStrategy",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "StrategyRegistry",
+]

@@ -1,0 +1,169 @@
+"""Distributed data parallel: one process per device, gradients averaged in the backward pass."""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+from contextlib import AbstractContextManager, nullcontext
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator
+    from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+    from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+    from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.launchers.launcher import Launcher
+
+#: How a DDP job's processes are started when drivetrain starts them.
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+
+
+class DDPStrategy(ParallelStrategy):
+    """Wrap the model in :class:`~torch.nn.parallel.DistributedDataParallel`.
+
+    Args:
+        start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
+            torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
+            ``torch.multiprocessing`` and run a function in each.
+        **ddp_kwargs: passed to ``DistributedDataParallel`` (``static_graph=True``,
+            ``find_unused_parameters=True`` …); unknown names are an error.
+
+    Override :meth:`configure_ddp` to wrap the model differently; it finds the module in
+    ``self.model`` and must leave the wrapped module there.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        *,
+        precision_plugin: Precision | None = None,
+        num_nodes: int = 1,
+        start_method: str = "popen",
+        process_group_backend: str | None = None,
+        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator,
+            parallel_devices,
+            cluster_environment,
+            checkpoint_io,
+            precision,
+            precision_plugin=precision_plugin,
+            num_nodes=num_nodes,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}."
+            )
+        unknown = sorted(set(ddp_kwargs) - _ddp_parameters())
+        if unknown:
+            raise TypeError(
+                f"DDPStrategy got unknown argument(s) {', '.join(map(repr, unknown))}. Keyword arguments beyond "
+                f"the strategy's own are passed to torch's DistributedDataParallel, which accepts: "
+                f"{', '.join(sorted(_ddp_parameters()))}."
+            )
+        self._start_method = start_method
+        self._ddp_kwargs = ddp_kwargs
+        self._launcher: Launcher | None = None
+
+    @property
+    def start_method(self) -> str:
+        return self._start_method
+
+    @property
+    def ddp_kwargs(self) -> dict[str, Any]:
+        return dict(self._ddp_kwargs)
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            from drivetrain.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+
+            if self._start_method == "popen":
+                self._launcher = SubprocessScriptLauncher(self)
+            else:
+                self._launcher = MultiprocessingLauncher(self, start_method=self._start_method)
+        return self._launcher
+
+    def _device_ids(self) -> list[int] | None:
+        device = self.root_device
+        return [device.index if device.index is not None else 0] if device.type in ("cuda", "xpu") else None
+
+    def configure_ddp(self) -> None:
+        """Wrap ``self.model`` in ``DistributedDataParallel`` (override to customise the wrapper)."""
+        assert self.model is not None
+        self.model = DistributedDataParallel(self.model, device_ids=self._device_ids(), **self._ddp_kwargs)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        self.model = module
+        self.configure_ddp()
+        assert self.model is not None, "configure_ddp() must leave the wrapped module in self.model"
+        return self.model
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        if enabled and isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        return nullcontext()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        presets: list[tuple[str, str, dict[str, Any]]] = [
+            ("ddp", "One process per device, started by re-running the script (like torchrun).", {}),
+            (
+                "ddp_spawn",
+                "DDP with processes started by torch.multiprocessing spawn.",
+                {"start_method": "spawn"},
+            ),
+            (
+                "ddp_fork",
+                "DDP with forked processes (no pickling; not after CUDA is initialised).",
+                {"start_method": "fork"},
+            ),
+            (
+                "ddp_notebook",
+                "DDP with forked processes, for notebooks and other interactive sessions.",
+                {"start_method": "fork"},
+            ),
+            (
+                "ddp_find_unused_parameters_true",
+                "DDP that tolerates parameters unused in a step.",
+                {"find_unused_parameters": True},
+            ),
+            (
+                "ddp_find_unused_parameters_false",
+                "DDP that expects every parameter to get a gradient.",
+                {"find_unused_parameters": False},
+            ),
+            (
+                "ddp_spawn_find_unused_parameters_true",
+                "ddp_spawn that tolerates unused parameters.",
+                {"start_method": "spawn", "find_unused_parameters": True},
+            ),
+            (
+                "ddp_fork_find_unused_parameters_true",
+                "ddp_fork that tolerates unused parameters.",
+                {"start_method": "fork", "find_unused_parameters": True},
+            ),
+        ]
+        for name, description, kwargs in presets:
+            strategy_registry.register(name, cls, description=description, **kwargs)
+
+
+@lru_cache(maxsize=1)
+def _ddp_parameters() -> frozenset[str]:
+    names = set(inspect.signature(DistributedDataParallel.__init__).parameters)
+    return frozenset(names - {"self", "module", "device_ids", "output_device"})

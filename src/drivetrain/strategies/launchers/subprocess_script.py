@@ -1,0 +1,270 @@
+"""Start the extra local ranks by running the user's command again, as torchrun would.
+
+The current process becomes local rank 0; ranks 1…N-1 are new copies of the same command with
+torchrun's variables set. The parent watches its children: when one dies, the others are
+stopped at once, this process is interrupted with an error naming the dead rank, and the job
+exits non-zero. Children die with their parent (``PR_SET_PDEATHSIG``), so none is orphaned.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
+from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
+
+if TYPE_CHECKING:
+    from drivetrain.strategies.parallel import ParallelStrategy
+
+#: Seconds the interrupted main thread gets to unwind before the process is ended forcibly.
+INTERRUPT_GRACE_SECONDS = 10.0
+#: Seconds children get, after this process finished, before they are stopped.
+CHILD_EXIT_TIMEOUT_SECONDS = 120.0
+
+
+class SubprocessScriptLauncher(Launcher):
+    """Re-run ``sys.argv`` once per extra local rank; this process is local rank 0."""
+
+    def __init__(self, strategy: ParallelStrategy) -> None:
+        self._strategy = strategy
+        self._children: list[tuple[int, subprocess.Popen[bytes]]] = []
+        self._failure: ProcessFailedError | None = None
+        self._stopping = False
+        self._exiting = False
+        self._unwinding = False
+        self._handled = False
+        self._lock = threading.Lock()
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return False
+
+    @property
+    def children(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
+        """``(global rank, process)`` for each child started by this launcher."""
+        return list(self._children)
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        environment = self._strategy.cluster_environment
+        if not environment.creates_processes_externally and not self._children:
+            self._start_children()
+        try:
+            return function(*args, **kwargs)
+        except ProcessFailedError:
+            raise
+        except BaseException as error:
+            self._unwinding = True
+            # A collective fails here when a peer died: if a child died, that is the cause to report.
+            cause = self._dead_child(wait_seconds=1.0)
+            self.stop_children()  # they cannot finish without this rank
+            if cause is not None:
+                raise cause from error
+            raise
+
+    def _dead_child(self, wait_seconds: float) -> ProcessFailedError | None:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            with self._lock:
+                if self._failure is not None:
+                    return self._failure
+                for rank, process in self._children:
+                    code = process.poll()
+                    if code not in (None, 0):
+                        self._failure = ProcessFailedError(
+                            _describe_exit(rank, process.pid, code), rank=rank, exit_code=code
+                        )
+                        return self._failure
+            if time.monotonic() > deadline or not self._children:
+                return None
+            time.sleep(0.05)
+
+    # -- starting ----------------------------------------------------------------------------
+    def _start_children(self) -> None:
+        strategy = self._strategy
+        environment = strategy.cluster_environment
+        num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
+        port = environment.main_port
+        if strategy.global_rank == 0:
+            # Rank 0 hosts the rendezvous store. Binding port 0 lets the OS pick a free port with no
+            # window for another program to take it between choosing and binding.
+            store = dist.TCPStore(
+                environment.main_address,
+                port,
+                num_nodes * num_processes,
+                is_master=True,
+                timeout=strategy.timeout,
+                wait_for_workers=False,
+            )
+            port = store.port
+            strategy._rendezvous_store = store
+            if environment.main_port != port:
+                set_main_port = getattr(environment, "set_main_port", None)
+                if set_main_port is None:
+                    raise RuntimeError(
+                        f"{type(environment).__name__} gives no main port and cannot be told one."
+                    )
+                set_main_port(port)
+        elif port == 0:
+            raise ValueError(
+                f"Node {node_rank} needs the address and port of node 0's rendezvous: set MASTER_ADDR and "
+                f"MASTER_PORT to the same values on every node (and NODE_RANK to each node's rank)."
+            )
+        threads = threads_per_process(num_processes)
+        torch.set_num_threads(threads)
+        command = script_command()
+        for local_rank in range(1, num_processes):
+            child_env = {
+                **os.environ,
+                "OMP_NUM_THREADS": str(threads),
+                **worker_environment(
+                    local_rank=local_rank,
+                    node_rank=node_rank,
+                    num_processes=num_processes,
+                    num_nodes=num_nodes,
+                    main_address=environment.main_address,
+                    main_port=port,
+                ),
+            }
+            process = subprocess.Popen(command, env=child_env, preexec_fn=_die_with_parent)
+            rank = node_rank * num_processes + local_rank
+            self._children.append((rank, process))
+            threading.Thread(
+                target=self._watch, args=(rank, process), daemon=True, name=f"drivetrain-watch-rank-{rank}"
+            ).start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._raise_failure)
+        atexit.register(self._at_exit)
+
+    # -- watching ----------------------------------------------------------------------------
+    def _watch(self, rank: int, process: subprocess.Popen[bytes]) -> None:
+        code = process.wait()
+        if code == 0:
+            return
+        with self._lock:
+            if self._stopping or self._failure is not None:
+                return
+            self._failure = ProcessFailedError(
+                _describe_exit(rank, process.pid, code), rank=rank, exit_code=code
+            )
+        print(f"[drivetrain] {self._failure}; stopping the other ranks.", file=sys.stderr, flush=True)
+        self.stop_children()
+        # At exit, _at_exit reports the failure itself; while unwinding, launch() reports it.
+        if not self._exiting and not self._unwinding:
+            self._interrupt_main_thread()
+
+    def _interrupt_main_thread(self) -> None:
+        # The main thread is probably blocked in a collective with the dead rank. A signal wakes it
+        # into our handler, which raises ProcessFailedError; if it cannot unwind in time, exit.
+        try:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        except (ValueError, OSError):
+            pass
+        deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if self._handled:
+                return
+            time.sleep(0.05)
+        print(
+            f"[drivetrain] rank {self._strategy.global_rank} did not stop within {INTERRUPT_GRACE_SECONDS:.0f} s "
+            f"after {self._failure}; exiting.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    def _raise_failure(self, signum: int, frame: Any) -> None:
+        self._handled = True
+        if self._failure is not None:
+            raise self._failure
+
+    # -- stopping ----------------------------------------------------------------------------
+    def stop_children(self, grace_seconds: float = 3.0) -> None:
+        """Terminate every child that is still running (SIGTERM, then SIGKILL after ``grace_seconds``)."""
+        self._stopping = True
+        running = [p for _, p in self._children if p.poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + grace_seconds
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _at_exit(self) -> None:
+        self._exiting = True
+        # This process is done. Leaving the process group releases children that still wait on rank 0.
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # exit anyway; the group dies with the process
+                pass
+        deadline = time.monotonic() + CHILD_EXIT_TIMEOUT_SECONDS
+        for rank, process in self._children:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(
+                    f"[drivetrain] rank {rank} (pid {process.pid}) was still running "
+                    f"{CHILD_EXIT_TIMEOUT_SECONDS:.0f} s after rank 0 finished; stopping it.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.stop_children()
+                os._exit(1)
+        failed = [(rank, p.returncode) for rank, p in self._children if p.returncode not in (0, None)]
+        if failed and not self._stopping:
+            for rank, code in failed:
+                print(f"[drivetrain] {_describe_exit(rank, None, code)}.", file=sys.stderr, flush=True)
+        if failed or self._failure is not None:
+            sys.stderr.flush()
+            os._exit(1)
+
+
+def script_command() -> list[str]:
+    """The command that started this process, suitable for starting it again."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":  # python -m package.module
+        module = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return [sys.executable, "-m", module, *sys.argv[1:]]
+    script = sys.argv[0] if sys.argv else ""
+    if not script or script == "-c" or not os.path.exists(script):
+        raise RuntimeError(
+            "Cannot start more processes by re-running this program: it was not started from a script file "
+            "(interactive session, notebook or `python -c`). Use strategy='ddp_notebook' (fork) or "
+            "'ddp_spawn' with a function to run, or start the job with `drivetrain launch`."
+        )
+    return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
+
+
+def _describe_exit(rank: int, pid: int | None, code: int) -> str:
+    where = f"rank {rank}" + (f" (pid {pid})" if pid is not None else "")
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"{where} was killed by {name}"
+    return f"{where} exited with code {code}"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to kill us when the parent dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -1,0 +1,258 @@
+"""Strategies that run one process per device, on one or many nodes, joined by a process group."""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from drivetrain.strategies.collectives import (
+    all_gather_checked,
+    all_reduce_copy,
+    process_group_backend_for,
+)
+from drivetrain.strategies.strategy import Strategy, _check_reduce_op
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator
+    from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+    from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+    from drivetrain.plugins.precision.precision import Precision
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+class ParallelStrategy(Strategy):
+    """Base of multi-process strategies: ranks, the process group and collectives.
+
+    Args:
+        parallel_devices: one device per local process (set by :func:`drivetrain.connect`).
+        cluster_environment: where ranks and the rendezvous address come from.
+        num_nodes: how many nodes take part.
+        process_group_backend: ``"gloo"``, ``"nccl"`` …; by default chosen from the device.
+        timeout: how long a collective may wait for the other ranks (``timedelta`` or seconds).
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        *,
+        precision_plugin: Precision | None = None,
+        num_nodes: int = 1,
+        process_group_backend: str | None = None,
+        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(accelerator, checkpoint_io, precision, precision_plugin=precision_plugin)
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"num_nodes must be an int >= 1, got {num_nodes!r}.")
+        self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
+        self._cluster_environment = cluster_environment
+        self._num_nodes = num_nodes
+        self._process_group_backend = process_group_backend
+        self._timeout = _as_timedelta(timeout)
+        self._owns_process_group = False
+        # A rendezvous store handed over by a launcher of this process (see launchers/).
+        self._rendezvous_store: dist.Store | None = None
+
+    def connect_plugins(
+        self,
+        *,
+        cluster_environment: ClusterEnvironment | None,
+        parallel_devices: list[torch.device],
+        num_nodes: int,
+        **plugins: Any,
+    ) -> None:
+        super().connect_plugins(
+            cluster_environment=cluster_environment,
+            parallel_devices=parallel_devices,
+            num_nodes=num_nodes,
+            **plugins,
+        )
+        if self._parallel_devices is None:
+            self._parallel_devices = list(parallel_devices)
+        if self._cluster_environment is None:
+            self._cluster_environment = cluster_environment
+        self._num_nodes = num_nodes
+        self._set_world_ranks()
+
+    # -- where this process stands --------------------------------------------------------
+    @property
+    def cluster_environment(self) -> ClusterEnvironment:
+        if self._cluster_environment is None:
+            from drivetrain.plugins.environments import detect_cluster_environment
+
+            self._cluster_environment = detect_cluster_environment()
+        return self._cluster_environment
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        if self._parallel_devices is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no devices yet; build it through drivetrain.connect() or pass "
+                f"parallel_devices=[...]."
+            )
+        return self._parallel_devices
+
+    @property
+    def num_processes(self) -> int:
+        """Processes on each node."""
+        return len(self.parallel_devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def global_rank(self) -> int:
+        return self.cluster_environment.global_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self.cluster_environment.local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self.cluster_environment.node_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster_environment.world_size()
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    @property
+    def process_group_backend(self) -> str:
+        return self._process_group_backend or process_group_backend_for(self.root_device)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._timeout
+
+    def _set_world_ranks(self) -> None:
+        environment = self.cluster_environment
+        if environment.creates_processes_externally:
+            return
+        environment.set_world_size(self.num_nodes * self.num_processes)
+        environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+
+    # -- the process group ------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self.setup_process_group()
+
+    def setup_process_group(self) -> None:
+        """Join (or create) the default process group for this job."""
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
+                raise RuntimeError(
+                    f"A process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, but "
+                    f"this job is rank {self.global_rank} of {self.world_size}. Destroy it first "
+                    f"(torch.distributed.destroy_process_group()) or let drivetrain create it."
+                )
+            return
+        environment = self.cluster_environment
+        kwargs: dict[str, Any] = {
+            "backend": self.process_group_backend,
+            "world_size": self.world_size,
+            "rank": self.global_rank,
+            "timeout": self._timeout,
+        }
+        if self.root_device.type == "cuda":
+            kwargs["device_id"] = self.root_device  # eager NCCL init: failures surface here, not mid-step
+        if environment.uses_agent_store:
+            dist.init_process_group(init_method="env://", **kwargs)
+        else:
+            store = self._rendezvous_store
+            if store is None:
+                store = dist.TCPStore(
+                    environment.main_address,
+                    environment.main_port,
+                    self.world_size,
+                    is_master=self.global_rank == 0,
+                    timeout=self._timeout,
+                    wait_for_workers=False,
+                )
+            dist.init_process_group(store=store, **kwargs)
+        self._owns_process_group = True
+
+    def teardown(self) -> None:
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+        self._rendezvous_store = None
+        super().teardown()
+
+    # -- collectives ----------------------------------------------------------------------------
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
+        _check_reduce_op(reduce_op)
+        if not dist.is_initialized():
+            return tensor
+        return all_reduce_copy(tensor, reduce_op, group)
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        if not dist.is_initialized():
+            return tensor.unsqueeze(0)
+        return all_gather_checked(tensor, group, sync_grads)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not dist.is_initialized():
+            return [obj]
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not dist.is_initialized():
+            return obj
+        payload = [obj]
+        device = self.root_device if self.process_group_backend == "nccl" else None
+        dist.broadcast_object_list(payload, src=src, device=device)
+        return payload[0]
+
+    def barrier(self, name: str | None = None) -> None:
+        if not dist.is_initialized():
+            return
+        if self.process_group_backend == "nccl":
+            dist.barrier(device_ids=[self.root_device.index or 0])
+        else:
+            dist.barrier()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if not dist.is_initialized():
+            return decision
+        votes = torch.tensor(int(bool(decision)), device=self.root_device)
+        dist.all_reduce(votes, op=dist.ReduceOp.SUM)
+        count = int(votes.item())
+        return count == self.world_size if all else count > 0
+
+    def __repr__(self) -> str:
+        devices = self._parallel_devices if self._parallel_devices is not None else "unset"
+        return (
+            f"{type(self).__name__}(devices={devices}, num_nodes={self._num_nodes}, "
+            f"precision={self._precision!r})"
+        )
+
+
+def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout must be a datetime.timedelta or a number of seconds, got {timeout!r}.")
+    if seconds <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}.")
+    return datetime.timedelta(seconds=seconds)

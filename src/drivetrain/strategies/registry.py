@@ -1,0 +1,26 @@
+"""The strategy registry: named presets such as ``"ddp"``, ``"ddp_spawn"`` or ``"deepspeed_stage_3_offload"``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain.utilities.registry import Registry
+
+if TYPE_CHECKING:
+    from drivetrain.strategies.strategy import Strategy  # noqa: F401 - used in the string annotation below
+
+    pass
+
+
+class _StrategyRegistry(Registry["Strategy"]):
+    def available_strategies(self) -> list[str]:
+        """The registered strategy names (as Lightning users call it)."""
+        return self.available()
+
+
+StrategyRegistry = _StrategyRegistry("strategy", entry_point_group="drivetrain.strategies")
+"""The module-level strategy registry.
+
+``StrategyRegistry.register("ddp_custom_checkpoint_io", DDPStrategy, description=...,
+checkpoint_io=custom_io)`` makes ``strategy="ddp_custom_checkpoint_io"`` work everywhere.
+"""

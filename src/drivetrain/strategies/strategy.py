@@ -1,0 +1,448 @@
+"""The Strategy interface: how model, optimizers and data are placed and synchronised.
+
+A Strategy owns four plugins: the hardware :class:`~drivetrain.accelerators.Accelerator`, the
+:class:`~drivetrain.plugins.precision.Precision`, the
+:class:`~drivetrain.plugins.io.CheckpointIO` and, for parallel strategies, the
+:class:`~drivetrain.plugins.environments.ClusterEnvironment`. Front doors talk to hardware only
+through it. Every method on the per-step path (``backward``, ``optimizer_step``,
+``batch_to_device``) is a thin call into a plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.plugins.precision.precision import Precision
+from drivetrain.utilities.apply import move_to_device
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator
+    from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+    from drivetrain.strategies.launchers.launcher import Launcher
+
+M = TypeVar("M", bound=nn.Module)
+
+#: ``reduce_op`` names accepted by :meth:`Strategy.all_reduce`.
+REDUCE_OPS = ("sum", "mean", "max", "min", "product")
+
+
+class Strategy:
+    """Base class of every strategy; on its own it runs one process on one device.
+
+    Args:
+        accelerator: the hardware plugin (set by :func:`drivetrain.connect` when omitted).
+        checkpoint_io: how checkpoints are written and read (``TorchCheckpointIO`` when omitted).
+        precision: the precision plugin (``"32-true"`` when omitted).
+        precision_plugin: the same as ``precision``, under the name Lightning's docs use.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "register_strategies" in cls.__dict__:
+            from drivetrain.strategies.registry import StrategyRegistry
+
+            cls.register_strategies(StrategyRegistry)
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        *,
+        precision_plugin: Precision | None = None,
+    ) -> None:
+        if precision is not None and precision_plugin is not None and precision is not precision_plugin:
+            raise ValueError(
+                f"{type(self).__name__} got both precision={precision!r} and "
+                f"precision_plugin={precision_plugin!r}; they are the same setting, pass only one."
+            )
+        _check_type("accelerator", accelerator, "drivetrain.accelerators.Accelerator", _accelerator_type())
+        _check_type("checkpoint_io", checkpoint_io, "drivetrain.plugins.CheckpointIO", CheckpointIO)
+        _check_type("precision", precision or precision_plugin, "drivetrain.plugins.Precision", Precision)
+        self._accelerator = accelerator
+        self._checkpoint_io = checkpoint_io
+        self._precision = precision if precision is not None else precision_plugin
+        #: The module most recently given to :meth:`setup_module` (the seeds' ``self.model``).
+        self.model: nn.Module | None = None
+
+    # -- the plugins ------------------------------------------------------------------------
+    @property
+    def accelerator(self) -> Accelerator:
+        if self._accelerator is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no accelerator yet. Pass accelerator=... or build the strategy "
+                f"through drivetrain.connect(strategy=...), Trainer(...) or Accelerator(...)."
+            )
+        return self._accelerator
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = Precision()
+        return self._precision
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """Alias of :attr:`precision` (Lightning's name)."""
+        return self.precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        return None
+
+    def connect_plugins(
+        self,
+        *,
+        accelerator: Accelerator,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment | None,
+        parallel_devices: list[torch.device],
+        num_nodes: int,
+    ) -> None:
+        """Give the strategy the components :func:`drivetrain.connect` resolved.
+
+        Called once, by ``connect()`` only, before the strategy is handed out; components the
+        user already set on the strategy are kept (``connect()`` has checked they agree).
+        """
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+
+    # -- where this process stands --------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        raise NotImplementedError(f"{type(self).__name__} must define root_device")
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def num_nodes(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """How processes are started; ``None`` when this strategy runs in the current process only."""
+        return None
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas``/``rank`` for a ``DistributedSampler``; ``None`` when data is not sharded."""
+        return None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Prepare the device (and, for parallel strategies, the process group) in this process."""
+        self.accelerator.setup_device(self.root_device)
+
+    def setup(self, trainer: Any = None) -> None:
+        """Hook run by the Trainer after :meth:`setup_environment`; custom strategies override it."""
+        self.accelerator.setup(trainer)
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """A context for building a model: on the target device, in the target precision.
+
+        Args:
+            empty_init: skip the initialisation of weights that will be overwritten anyway
+                (loaded from a checkpoint, or materialised by a sharded strategy).
+        """
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(_skip_parameter_init())
+        if self.root_device.type != "cpu":  # CPU is already the default; the device context costs per tensor
+            stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def module_to_device(self, module: nn.Module) -> None:
+        module.to(self.root_device)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Wrap ``module`` for this strategy (DDP, FSDP …) and return what the user should call."""
+        self.model = module
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Adapt ``optimizer`` to the strategy (sharded strategies rebuild it)."""
+        return optimizer
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: list[Optimizer]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Set up a module with its optimizers (strategies such as DeepSpeed need both at once)."""
+        module = self.setup_module(module)
+        return module, [self.setup_optimizer(optimizer) for optimizer in optimizers]
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        return dataloader
+
+    # -- the per-step path -----------------------------------------------------------------
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        return move_to_device(batch, device or self.root_device)
+
+    def backward(self, tensor: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
+        precision = self.precision
+        tensor = precision.pre_backward(tensor, module)
+        precision.backward(tensor, module, *args, **kwargs)
+        precision.post_backward(tensor, module)
+
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any] | None = None,
+        model: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
+        return nullcontext()
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clip the gradients of ``optimizer``'s parameters to a total ``max_norm``; returns the norm."""
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(
+            parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
+        torch.nn.utils.clip_grad_value_(parameters, clip_val)
+
+    # -- collectives (identities on one process) ----------------------------------------------
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
+        _check_reduce_op(reduce_op)
+        return tensor
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Stack ``tensor`` from every process along a new first dimension (size ``world_size``)."""
+        return tensor.unsqueeze(0)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point."""
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Combine a per-process decision: ``all=True`` needs every process to agree, else any one."""
+        return decision
+
+    # -- state -------------------------------------------------------------------------------
+    def unwrap_module(self, module: nn.Module) -> nn.Module:
+        """The user's module inside whatever the strategy (or ``torch.compile``) wrapped it in."""
+        while True:
+            inner: Any = module
+            if hasattr(inner, "_orig_mod"):  # torch.compile's OptimizedModule
+                module = inner._orig_mod
+            elif isinstance(module, nn.parallel.DistributedDataParallel):
+                module = inner.module
+            else:
+                return module
+
+    def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        return self.unwrap_module(module).state_dict()
+
+    def load_module_state_dict(
+        self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> None:
+        self.unwrap_module(module).load_state_dict(state_dict, strict=strict)
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    def save_state(self, path: str | Path, state: dict[str, Any], storage_options: Any | None = None) -> None:
+        """Save live training state: the front doors' way to checkpoint under any strategy.
+
+        Args:
+            path: where the checkpoint goes (a file here; sharded strategies write a directory).
+            state: names → modules, optimizers, objects with ``state_dict()``, or plain values.
+                Modules and optimizers are converted by this strategy (sharded strategies gather
+                or shard them), everything else as it is.
+        """
+        self.save_checkpoint(self._state_to_checkpoint(state), path, storage_options=storage_options)
+
+    def load_state(
+        self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Load a checkpoint written by :meth:`save_state` into the live objects of ``state``.
+
+        Modules, optimizers and objects with ``load_state_dict()`` in ``state`` are restored in
+        place; plain values are replaced in ``state``. Returns the checkpoint's remaining entries
+        (those not named in ``state``).
+
+        Raises:
+            KeyError: ``strict`` and an entry of ``state`` is missing from the checkpoint.
+        """
+        checkpoint = self.load_checkpoint(path)
+        return self._checkpoint_into_state(checkpoint, state if state is not None else {}, strict)
+
+    def _state_to_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
+        converted: dict[str, Any] = {}
+        for name, value in state.items():
+            if isinstance(value, nn.Module):
+                converted[name] = self.get_module_state_dict(value)
+            elif isinstance(value, Optimizer):
+                converted[name] = self.get_optimizer_state(value)
+            elif callable(getattr(value, "state_dict", None)):
+                converted[name] = value.state_dict()
+            else:
+                converted[name] = value
+        return converted
+
+    def _checkpoint_into_state(
+        self, checkpoint: dict[str, Any], state: dict[str, Any], strict: bool
+    ) -> dict[str, Any]:
+        missing = [name for name in state if name not in checkpoint]
+        if strict and missing:
+            raise KeyError(
+                f"The checkpoint has no entry for {', '.join(map(repr, missing))} (it has "
+                f"{', '.join(map(repr, checkpoint))}). Pass strict=False to load the rest."
+            )
+        for name, target in state.items():
+            if name not in checkpoint:
+                continue
+            saved = checkpoint[name]
+            if isinstance(target, nn.Module):
+                self.load_module_state_dict(target, saved, strict=strict)
+            elif isinstance(target, Optimizer):
+                self.load_optimizer_state(target, saved)
+            elif callable(getattr(target, "load_state_dict", None)):
+                target.load_state_dict(saved)
+            else:
+                state[name] = saved  # plain values come back through the dict
+        return {name: value for name, value in checkpoint.items() if name not in state}
+
+    @property
+    def requires_joint_setup(self) -> bool:
+        """Whether modules and their optimizers must be set up together (DeepSpeed, FSDP).
+
+        Front doors then call :meth:`setup_module_and_optimizers` with both, and the strategy
+        re-points the optimizers at the parameters it created.
+        """
+        return False
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
+    ) -> None:
+        """Write ``checkpoint`` through the CheckpointIO; only global rank 0 writes."""
+        if self.is_global_zero:
+            # User CheckpointIOs written after the seeds take (checkpoint, path) only.
+            if storage_options is None:
+                self.checkpoint_io.save_checkpoint(checkpoint, path)
+            else:
+                self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    def load_checkpoint(self, path: str | Path, map_location: Any | None = None) -> dict[str, Any]:
+        if map_location is None:
+            return self.checkpoint_io.load_checkpoint(path)
+        return self.checkpoint_io.load_checkpoint(path, map_location=map_location)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """Release everything the strategy and its plugins took in this process."""
+        self.precision.teardown()
+        if self._accelerator is not None:
+            self._accelerator.teardown()
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register named presets of this class; see :class:`~drivetrain.strategies.StrategyRegistry`."""
+
+    def __repr__(self) -> str:
+        device = self.root_device if self._accelerator is not None else "unset"
+        return f"{type(self).__name__}(device={device}, precision={self._precision!r})"
+
+
+def _check_reduce_op(reduce_op: str) -> None:
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce_op={reduce_op!r} is not supported; use one of {', '.join(REDUCE_OPS)}.")
+
+
+def _accelerator_type() -> type:
+    from drivetrain.accelerators.accelerator import Accelerator
+
+    return Accelerator
+
+
+def _check_type(argument: str, value: Any, expected_name: str, expected: type) -> None:
+    if value is not None and not isinstance(value, expected):
+        raise TypeError(
+            f"{argument}= expects an instance of {expected_name}, got {type(value).__name__} ({value!r}). "
+            f"Pass an instance (strings are resolved by drivetrain.connect, Trainer and Accelerator, "
+            f"not by strategy constructors)."
+        )
+
+
+@contextmanager
+def _skip_parameter_init() -> Iterator[None]:
+    """Make ``nn.init`` functions and ``reset_parameters`` no-ops while a model is built."""
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for name in names:
+            setattr(torch.nn.init, name, _return_tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
+def _return_tensor(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    return tensor

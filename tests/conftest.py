@@ -1,0 +1,52 @@
+"""Test-suite set-up: helpers on sys.path, a clean environment, registries restored after each test."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "DRIVETRAIN_ACCELERATOR",
+    "SLURM_NTASKS",
+    "SLURM_JOB_NAME",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "LSB_JOBID",
+    "JSM_NAMESPACE_SIZE",
+    "KUBERNETES_PORT",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start as a plain single process, whatever launched pytest."""
+    for name in _LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_registries() -> object:
+    """Registrations made by a test (custom accelerators, strategies, precisions) end with it."""
+    from drivetrain.accelerators import AcceleratorRegistry
+    from drivetrain.plugins.precision import PrecisionRegistry
+    from drivetrain.strategies import StrategyRegistry
+
+    registries = (AcceleratorRegistry, StrategyRegistry, PrecisionRegistry)
+    saved = [dict(r._entries) for r in registries]
+    yield
+    for registry, entries in zip(registries, saved):
+        registry._entries.clear()
+        registry._entries.update(entries)

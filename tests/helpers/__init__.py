@@ -1,0 +1,1 @@
+"""Shared test helpers (importable as ``helpers`` thanks to tests/conftest.py)."""

@@ -1,0 +1,55 @@
+"""A 2-process DDP job started by drivetrain's re-run-the-script launcher, with failure modes.
+
+Usage: python ddp_job.py MODE PIDFILE_DIR
+MODE: ok | raise-on-1 | raise-on-0 | sigkill-1-while-0-computes
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import drivetrain as dt
+
+mode, pid_dir = sys.argv[1], Path(sys.argv[2])
+
+
+def say(line: str) -> None:
+    os.write(1, f"{line}\n".encode())  # one write per line: the ranks share stdout
+
+
+strategy = dt.connect(accelerator="cpu", strategy="ddp", devices=2)
+
+
+def run() -> None:
+    strategy.setup_environment()
+    rank = strategy.global_rank
+    (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    total = strategy.all_reduce(torch.tensor([float(rank + 1)]), reduce_op="sum").item()
+    say(
+        f"rank={rank} world={strategy.world_size} local={strategy.local_rank} sum={total} "
+        f"threads={torch.get_num_threads()} omp={os.environ.get('OMP_NUM_THREADS')}"
+    )
+    if mode == "raise-on-1" and rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    if mode == "raise-on-0" and rank == 0:
+        raise RuntimeError("deliberate failure on rank 0")
+    if mode == "sigkill-1-while-0-computes":
+        if rank == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        deadline = time.monotonic() + 60  # rank 0 computes, far from any collective
+        while time.monotonic() < deadline:
+            sum(i * i for i in range(1000))
+        say("rank 0 was never interrupted")
+    if mode == "raise-on-0":
+        time.sleep(60)  # rank 1 would wait here forever if nobody stopped it
+    strategy.barrier()
+    strategy.teardown()
+
+
+strategy.launcher.launch(run)
+say(f"done rank={strategy.global_rank}")

@@ -1,0 +1,91 @@
+"""The re-run-the-script launcher: real 2-process jobs, and what happens when a rank dies."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from drivetrain.strategies.launchers.subprocess_script import script_command
+from helpers.scripts import run_script
+
+pytestmark = pytest.mark.multiprocess
+JOB = Path(__file__).parent / "scripts" / "ddp_job.py"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split()[2] == "Z")
+
+
+def test_two_ranks_run_with_torchrun_variables_and_shared_cores(tmp_path: Path) -> None:
+    result = run_script([str(JOB), "ok", str(tmp_path)], timeout=90)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // 2)
+    assert lines == [
+        f"rank=0 world=2 local=0 sum=3.0 threads={threads} omp=None",
+        f"rank=1 world=2 local=1 sum=3.0 threads={threads} omp={threads}",
+    ]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("done")) == [
+        "done rank=0",
+        "done rank=1",
+    ]
+
+
+def test_a_failing_child_stops_the_job_and_is_named(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_script([str(JOB), "raise-on-1", str(tmp_path)], timeout=90)
+    assert result.returncode != 0
+    assert "deliberate failure on rank 1" in result.stderr
+    assert "ProcessFailedError: rank 1 (pid" in result.stderr
+    assert "exited with code 1" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_killed_child_interrupts_rank_zero_mid_computation(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_script([str(JOB), "sigkill-1-while-0-computes", str(tmp_path)], timeout=90)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert "rank 1 (pid" in result.stderr and "was killed by SIGKILL" in result.stderr
+    assert "rank 0 was never interrupted" not in result.stdout
+    assert elapsed < 40, f"took {elapsed:.1f} s: rank 0 should stop within seconds, not after its 60 s loop"
+
+
+def test_a_failing_rank_zero_leaves_no_orphans(tmp_path: Path) -> None:
+    result = run_script([str(JOB), "raise-on-0", str(tmp_path)], timeout=90)
+    assert result.returncode != 0
+    assert "deliberate failure on rank 0" in result.stderr
+    child_pid = int((tmp_path / "rank1.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child_pid), "rank 1 outlived the job"
+
+
+def test_script_command_reruns_scripts_and_modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    main = types.ModuleType("__main__")
+    main.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", [str(script), "--lr", "0.1"])
+    assert script_command() == [sys.executable, str(script), "--lr", "0.1"]
+
+    main.__spec__ = types.SimpleNamespace(name="mypackage.train.__main__")  # type: ignore[assignment]
+    assert script_command() == [sys.executable, "-m", "mypackage.train", "--lr", "0.1"]
+
+    main.__spec__ = None
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    with pytest.raises(RuntimeError, match=r"not started from a script file.*ddp_notebook"):
+        script_command()
