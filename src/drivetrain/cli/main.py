@@ -1,0 +1,32 @@
+"""The ``drivetrain`` command: ``drivetrain launch …`` and ``drivetrain env``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drivetrain",
+        description="Launch drivetrain training scripts and inspect what drivetrain sees on this machine.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    from drivetrain.cli.env import add_env_command
+    from drivetrain.cli.launch import add_launch_command
+
+    add_launch_command(commands)
+    add_env_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":  # python -m drivetrain.cli.main
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""``connect()``: the one place that turns user settings into a fully wired Strategy.
+
+Both front doors (and the CLI) pass their ``accelerator``, ``strategy``, ``devices``,
+``num_nodes``, ``precision`` and ``plugins`` arguments here. Strings are resolved through the
+registries, instances are taken as they are, and every contradictory or impossible combination
+is an error that says how to fix it. What comes back is ready to use: no component is filled
+in later.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from drivetrain.accelerators import Accelerator, devices_for, resolve_accelerator
+from drivetrain.plugins.environments import ClusterEnvironment, detect_cluster_environment
+from drivetrain.plugins.io import CheckpointIO
+from drivetrain.plugins.precision import Precision, canonical_precision, precision_from_name
+from drivetrain.strategies import (
+    DDPStrategy,
+    ParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+    StrategyRegistry,
+)
+from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE, launched_accelerator
+from drivetrain.utilities.registry import RegistryEntry
+
+_COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
+
+
+def connect(
+    accelerator: str | Accelerator = "auto",
+    strategy: str | Strategy = "auto",
+    devices: int | str | Sequence[int] = "auto",
+    num_nodes: int = 1,
+    precision: str | int | Precision | None = None,
+    plugins: Any = None,
+) -> Strategy:
+    """Resolve the settings into a Strategy that owns its accelerator, precision, checkpoint IO and cluster environment.
+
+    Args:
+        accelerator: a registered name (``"cpu"``, ``"cuda"``, ``"gpu"``, ``"auto"``, a user's
+            ``"xpu"`` …) or an :class:`~drivetrain.accelerators.Accelerator` instance.
+        strategy: a registered name (``"ddp"``, ``"ddp_spawn"``, ``"auto"`` …) or a
+            :class:`~drivetrain.strategies.Strategy` instance.
+        devices: ``"auto"``, a count, ``-1`` for all, or device indices (``"0,1"``, ``[0, 1]``).
+        num_nodes: how many nodes the job spans.
+        precision: ``"32-true"`` when ``None``; any precision name (``"bf16-mixed"``, ``"fp16"`` …)
+            or a :class:`~drivetrain.plugins.Precision` instance.
+        plugins: one or a list of Precision, CheckpointIO and ClusterEnvironment instances
+            (or precision names).
+
+    Returns:
+        The strategy, with every component set.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: an unknown name, a component given twice, or a combination that cannot run.
+    """
+    _check_argument_types(accelerator, strategy, devices, num_nodes, precision)
+    given = _Components()
+    for plugin in _as_plugin_list(plugins):
+        given.add_plugin(plugin)
+    if precision is not None:
+        given.add("precision", precision, "precision=")
+
+    entry: RegistryEntry | None = None
+    if isinstance(strategy, str):
+        if strategy != "auto":
+            entry = StrategyRegistry.entry(strategy)
+            for name in _COMPONENTS:
+                if entry.init_kwargs.get(name) is not None:
+                    given.add(name, entry.init_kwargs[name], f"the registered strategy {strategy!r}")
+    else:
+        for name in _COMPONENTS:
+            value = getattr(strategy, f"_{name}", None)
+            if value is not None:
+                given.add(name, value, f"the {type(strategy).__name__} instance")
+
+    accelerator_choice = _choose_accelerator(accelerator, given)
+    hardware = resolve_accelerator(accelerator_choice)
+    environment = given.get("cluster_environment") or detect_cluster_environment()
+    devices, num_nodes = _devices_under(environment, devices, num_nodes)
+    parallel_devices = devices_for(hardware, devices)
+    environment.validate_settings(len(parallel_devices), num_nodes)
+    world_size = (
+        environment.world_size()
+        if environment.creates_processes_externally
+        else (len(parallel_devices) * num_nodes)
+    )
+
+    precision_plugin = given.get("precision")
+    if not isinstance(precision_plugin, Precision):
+        precision_plugin = precision_from_name(
+            precision_plugin if precision_plugin is not None else "32-true", parallel_devices[0].type
+        )
+
+    if isinstance(strategy, Strategy):
+        built = strategy
+    else:
+        built = _build_strategy(entry, world_size, parallel_devices)
+    _check_strategy_fits(built, strategy, world_size, len(parallel_devices), environment, hardware)
+    built.connect_plugins(
+        accelerator=hardware,
+        precision=precision_plugin,
+        checkpoint_io=given.get("checkpoint_io"),
+        cluster_environment=environment,
+        parallel_devices=parallel_devices,
+        num_nodes=num_nodes,
+    )
+    return built
+
+
+class _Components:
+    """The accelerator/precision/checkpoint IO/cluster environment, each from at most one place."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[Any, str]] = {}
+
+    def add(self, name: str, value: Any, source: str) -> None:
+        if name in self._values:
+            previous, where = self._values[name]
+            if previous is value:
+                return
+            raise ValueError(
+                f"The {name.replace('_', ' ')} is given twice: {previous!r} by {where} and {value!r} by {source}. "
+                f"Give it in one place only."
+            )
+        self._values[name] = (value, source)
+
+    def add_plugin(self, plugin: Any) -> None:
+        if isinstance(plugin, Precision):
+            self.add("precision", plugin, "plugins=")
+        elif isinstance(plugin, CheckpointIO):
+            self.add("checkpoint_io", plugin, "plugins=")
+        elif isinstance(plugin, ClusterEnvironment):
+            self.add("cluster_environment", plugin, "plugins=")
+        elif isinstance(plugin, (str, int)) and not isinstance(plugin, bool):
+            try:
+                canonical_precision(plugin)
+            except ValueError:
+                raise ValueError(
+                    f"plugins= got the string {plugin!r}, but only precision names are accepted there. "
+                    f"Pass accelerators with accelerator= and strategies with strategy=."
+                ) from None
+            self.add("precision", plugin, "plugins=")
+        elif isinstance(plugin, (Accelerator, Strategy)):
+            kind = "accelerator" if isinstance(plugin, Accelerator) else "strategy"
+            raise TypeError(f"plugins= got {plugin!r}; pass it as {kind}= instead.")
+        else:
+            raise TypeError(
+                f"plugins= got {plugin!r} of type {type(plugin).__name__}. Accepted: Precision, CheckpointIO and "
+                f"ClusterEnvironment instances, or precision names."
+            )
+
+    def get(self, name: str) -> Any:
+        value = self._values.get(name)
+        return value[0] if value is not None else None
+
+
+def _as_plugin_list(plugins: Any) -> list[Any]:
+    if plugins is None:
+        return []
+    if isinstance(plugins, (list, tuple)):
+        return list(plugins)
+    return [plugins]
+
+
+def _check_argument_types(
+    accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, precision: Any
+) -> None:
+    for name, value, base in (("accelerator", accelerator, Accelerator), ("strategy", strategy, Strategy)):
+        if isinstance(value, type) and issubclass(value, base):
+            raise TypeError(
+                f"{name}= got the class {value.__name__}; pass an instance: {name}={value.__name__}()."
+            )
+        if not isinstance(value, (str, base)):
+            raise TypeError(
+                f"{name}= expects a registered name or a {base.__name__} instance, got {type(value).__name__} "
+                f"({value!r})."
+            )
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
+        raise TypeError(f"num_nodes= expects an int, got {type(num_nodes).__name__} ({num_nodes!r}).")
+    if num_nodes < 1:
+        raise ValueError(
+            f"num_nodes={num_nodes} is not allowed: a job runs on at least one node. Use num_nodes>=1."
+        )
+    if (precision is not None and not isinstance(precision, (str, int, Precision))) or isinstance(
+        precision, bool
+    ):
+        raise TypeError(
+            f"precision= expects a name such as '32-true' or 'bf16-mixed', or a Precision instance, got {precision!r}."
+        )
+    if isinstance(devices, bool) or not isinstance(devices, (int, str, list, tuple)):
+        raise TypeError(
+            f"devices= expects 'auto', a number, -1 or a list of device indices, got {type(devices).__name__} "
+            f"({devices!r})."
+        )
+
+
+def _choose_accelerator(accelerator: str | Accelerator, given: _Components) -> str | Accelerator:
+    from_strategy = given.get("accelerator")
+    launched = launched_accelerator()
+    if isinstance(accelerator, str) and accelerator == "auto":
+        chosen: str | Accelerator = from_strategy if from_strategy is not None else (launched or "auto")
+    elif from_strategy is not None and from_strategy is not accelerator:
+        raise ValueError(
+            f"The accelerator is given twice: accelerator={accelerator!r} and {from_strategy!r} inside the strategy. "
+            f"Give it in one place only."
+        )
+    else:
+        chosen = accelerator
+    if launched is not None and isinstance(chosen, str) and chosen not in ("auto", launched):
+        raise ValueError(
+            f"drivetrain launch --accelerator {launched} (the {ACCELERATOR_VARIABLE} variable) disagrees with "
+            f"accelerator={chosen!r} in the script. Drop one of them, or make them the same."
+        )
+    return chosen
+
+
+def _devices_under(environment: ClusterEnvironment, devices: Any, num_nodes: int) -> tuple[Any, int]:
+    """Under an external launcher, ``devices="auto"`` means the processes it started on each node."""
+    if not environment.creates_processes_externally or devices != "auto":
+        return devices, num_nodes
+    per_node = environment.processes_per_node()
+    if per_node is None:
+        return max(1, environment.world_size() // num_nodes), num_nodes
+    if num_nodes == 1 and environment.world_size() > per_node:
+        num_nodes = environment.world_size() // per_node  # num_nodes left at its default: take the launcher's
+    return per_node, num_nodes
+
+
+def _build_strategy(
+    entry: RegistryEntry | None, world_size: int, parallel_devices: list[torch.device]
+) -> Strategy:
+    if entry is None:  # strategy="auto"
+        if world_size == 1:
+            return SingleDeviceStrategy(device=parallel_devices[0])
+        return StrategyRegistry.get("ddp_notebook" if _interactive() else "ddp")
+    kwargs = {k: v for k, v in entry.init_kwargs.items() if k not in _COMPONENTS}
+    try:
+        return entry.cls(**kwargs)
+    except TypeError as error:
+        raise TypeError(
+            f"Could not build the registered strategy {entry.name!r} ({entry.cls.__name__}): {error}"
+        ) from None
+
+
+def _check_strategy_fits(
+    strategy: Strategy,
+    requested: str | Strategy,
+    world_size: int,
+    num_devices: int,
+    environment: ClusterEnvironment,
+    hardware: Accelerator,
+) -> None:
+    name = repr(requested) if isinstance(requested, str) else f"{type(requested).__name__}(...)"
+    if not isinstance(strategy, ParallelStrategy) and world_size > 1:
+        raise ValueError(
+            f"strategy={name} runs a single process, but the job has {world_size} processes "
+            f"({num_devices} device(s) per node). Use strategy='ddp' (or 'auto'), or devices=1."
+        )
+    if isinstance(strategy, DDPStrategy):
+        if world_size == 1 and not environment.creates_processes_externally:
+            raise ValueError(
+                f"strategy={name} distributes over several processes, but devices={num_devices} and one node give "
+                f"only one. Use devices=N with N > 1 (e.g. devices=2), or strategy='auto' for a single device."
+            )
+        if environment.creates_processes_externally and strategy.start_method != "popen":
+            raise ValueError(
+                f"strategy={name} starts its own processes (start_method={strategy.start_method!r}), but "
+                f"{type(environment).__name__} already started them. Use strategy='ddp'."
+            )
+    check = getattr(strategy, "check_accelerator", None)
+    if check is not None:
+        check(hardware)
+    elif type(hardware).__name__ == "XLAAccelerator":
+        raise ValueError(f"strategy={name} cannot run on XLA devices; use strategy='xla' (or 'auto').")
+
+
+def _interactive() -> bool:
+    return hasattr(sys, "ps1") or "ipykernel" in sys.modules

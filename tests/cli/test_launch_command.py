@@ -1,0 +1,66 @@
+"""``drivetrain launch`` (on torch.distributed.run) and ``drivetrain env``, run as real commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from drivetrain.cli.main import main
+from helpers.scripts import clean_env, run_command
+
+SCRIPT = Path(__file__).parent / "scripts_register_and_run.py"
+DRIVETRAIN = [sys.executable, "-m", "drivetrain"]
+
+
+@pytest.mark.multiprocess
+def test_launch_runs_two_ranks_with_a_custom_accelerator_chosen_by_name() -> None:
+    result = run_command(
+        [*DRIVETRAIN, "launch", "--accelerator", "fakexpu", "-n", "2", str(SCRIPT)], timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    assert lines == [
+        f"rank={r} accelerator=FakeXPUAccelerator strategy=DDPStrategy world=2 sum=2.0 env=TorchElasticEnvironment"
+        for r in (0, 1)
+    ]
+
+
+@pytest.mark.multiprocess
+def test_launch_names_the_failed_rank_and_exits_non_zero() -> None:
+    result = run_command(
+        [*DRIVETRAIN, "launch", "--accelerator", "fakexpu", "-n", "2", str(SCRIPT)],
+        timeout=120,
+        env=clean_env(FAIL_RANK="1"),
+    )
+    assert result.returncode == 1
+    assert "scripts_register_and_run.py failed on " in result.stderr
+    assert "rank 1 (exit code 3)" in result.stderr
+
+
+def test_launch_cannot_count_devices_of_an_accelerator_it_does_not_know(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(
+        SystemExit, match=r"cannot count the devices of accelerator 'fakexpu'.*--nproc-per-node"
+    ):
+        main(["launch", "--accelerator", "fakexpu", str(SCRIPT)])
+
+
+def test_launch_rejects_bad_values() -> None:
+    with pytest.raises(SystemExit, match=r"--nproc-per-node must be a positive number or 'auto', got '0'"):
+        main(["launch", "-n", "0", str(SCRIPT)])
+    with pytest.raises(SystemExit, match=r"the script 'missing.py' does not exist"):
+        main(["launch", "missing.py"])
+
+
+def test_env_reports_hardware_environment_registries_and_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu      available, 1 device(s)" in out
+    assert "cuda     not available" in out
+    assert "Cluster environment: LocalEnvironment" in out
+    assert "-> strategy='auto': SingleDeviceStrategy (one device in one process)" in out
+    assert "ddp_spawn" in out and "DDPStrategy(start_method='spawn')" in out
+    assert "bf16-mixed" in out
