@@ -16,6 +16,8 @@ LAYERS = {
     "plugins": 1,
     "strategies": 2,
     "connector": 3,
+    "data": 4,
+    "loggers": 4,
     "facade": 4,
     "trainer": 4,
     "utils": 4,
