@@ -50,3 +50,11 @@ def _restore_registries() -> object:
     for registry, entries in zip(registries, saved):
         registry._entries.clear()
         registry._entries.update(entries)
+
+
+@pytest.fixture
+def hardware(monkeypatch: pytest.MonkeyPatch) -> object:
+    """No CUDA, XPU, MPS or XLA, whatever this machine has; tests switch on what they need."""
+    from helpers.fake_hardware import FakeHardware
+
+    return FakeHardware(monkeypatch)

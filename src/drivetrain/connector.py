@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.accelerators import Accelerator, devices_for, resolve_accelerator
+from drivetrain.accelerators import Accelerator, XLAAccelerator, devices_for, resolve_accelerator
 from drivetrain.plugins.environments import ClusterEnvironment, detect_cluster_environment
 from drivetrain.plugins.io import CheckpointIO
 from drivetrain.plugins.precision import Precision, canonical_precision, precision_from_name
@@ -102,7 +102,7 @@ def connect(
     if isinstance(strategy, Strategy):
         built = strategy
     else:
-        built = _build_strategy(entry, world_size, parallel_devices)
+        built = _build_strategy(entry, world_size, parallel_devices, hardware)
     _check_strategy_fits(built, strategy, world_size, len(parallel_devices), environment, hardware)
     built.connect_plugins(
         accelerator=hardware,
@@ -235,9 +235,11 @@ def _devices_under(environment: ClusterEnvironment, devices: Any, num_nodes: int
 
 
 def _build_strategy(
-    entry: RegistryEntry | None, world_size: int, parallel_devices: list[torch.device]
+    entry: RegistryEntry | None, world_size: int, parallel_devices: list[torch.device], hardware: Accelerator
 ) -> Strategy:
     if entry is None:  # strategy="auto"
+        if isinstance(hardware, XLAAccelerator):
+            return StrategyRegistry.get("xla")
         if world_size == 1:
             return SingleDeviceStrategy(device=parallel_devices[0])
         return StrategyRegistry.get("ddp_notebook" if _interactive() else "ddp")
@@ -275,11 +277,7 @@ def _check_strategy_fits(
                 f"strategy={name} starts its own processes (start_method={strategy.start_method!r}), but "
                 f"{type(environment).__name__} already started them. Use strategy='ddp'."
             )
-    check = getattr(strategy, "check_accelerator", None)
-    if check is not None:
-        check(hardware)
-    elif type(hardware).__name__ == "XLAAccelerator":
-        raise ValueError(f"strategy={name} cannot run on XLA devices; use strategy='xla' (or 'auto').")
+    strategy.check_accelerator(hardware)
 
 
 def _interactive() -> bool:

@@ -6,6 +6,7 @@ from drivetrain.strategies.parallel import ParallelStrategy
 from drivetrain.strategies.registry import StrategyRegistry
 from drivetrain.strategies.single_device import SingleDeviceStrategy
 from drivetrain.strategies.strategy import Strategy
+from drivetrain.strategies.xla import XLAStrategy
 
 __all__ = [
     "CheckpointIO",
@@ -14,4 +15,5 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyRegistry",
+    "XLAStrategy",
 ]

@@ -125,6 +125,16 @@ class Strategy:
         self._precision = self._precision or precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
 
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        """Raise ``ValueError`` if this strategy cannot run on ``accelerator`` (called by ``connect()``)."""
+        from drivetrain.accelerators.xla import XLAAccelerator
+
+        if isinstance(accelerator, XLAAccelerator):
+            raise ValueError(
+                f"{type(self).__name__} cannot run on XLA devices; use strategy='xla' (or 'auto') with "
+                f"accelerator='xla'."
+            )
+
     # -- where this process stands --------------------------------------------------------
     @property
     def root_device(self) -> torch.device:

@@ -1,10 +1,7 @@
-"""Fixtures for the accelerator tests: faked hardware.
+"""Hardware this machine lacks, faked at torch's boundary for tests.
 
-The registry is restored after every test by the suite-wide fixture in ``tests/conftest.py``.
-
-Hardware this machine lacks is faked at torch's boundary (``torch.cuda.device_count``,
-``torch.xpu.device_count``, ``torch.backends.mps.is_available`` and the platform, a stand-in
-``torch_xla`` package), never by patching drivetrain's own functions.
+CUDA, XPU and MPS are faked by patching ``torch.cuda.device_count`` and friends, XLA by a
+stand-in ``torch_xla`` package in ``sys.modules``: never by patching drivetrain's own functions.
 """
 
 from __future__ import annotations
@@ -101,7 +98,3 @@ class FakeHardware:
 _real_find_spec = importlib.util.find_spec
 
 
-@pytest.fixture
-def hardware(monkeypatch: pytest.MonkeyPatch) -> FakeHardware:
-    """No CUDA, XPU, MPS or XLA, whatever this machine has; tests switch on what they need."""
-    return FakeHardware(monkeypatch)
