@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import drivetrain as dt
-from drivetrain.strategies import DDPStrategy
+from drivetrain.plugins import CheckpointIO
+from drivetrain.strategies import DDPStrategy, StrategyRegistry
 from helpers.multiprocess import RankFailed, run_processes
 
 pytestmark = pytest.mark.multiprocess
@@ -195,3 +197,41 @@ def _static_graph(rank: int, world_size: int) -> bool:
 
 def test_ddp_kwargs_reach_distributed_data_parallel() -> None:
     assert run_processes(_static_graph, 2) == [True, True]
+
+
+class RecordingCheckpointIO(CheckpointIO):
+    """The seed's custom CheckpointIO: remembers which rank saved what (seed signature, no options)."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[int, str]] = []
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:  # type: ignore[override]
+        self.saved.append((checkpoint["rank"], str(path)))
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:  # type: ignore[override]
+        return {"path": str(path)}
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        pass
+
+
+def _registered_checkpoint_io(rank: int, world_size: int) -> dict[str, Any]:
+    StrategyRegistry.register(
+        "ddp_custom_checkpoint_io",
+        DDPStrategy,
+        description="DDP Strategy with custom checkpoint io plugin",
+        checkpoint_io=RecordingCheckpointIO(),
+    )
+    strategy = dt.connect(strategy="ddp_custom_checkpoint_io", accelerator="cpu", devices=world_size)
+    strategy.setup_environment()
+    strategy.save_checkpoint({"rank": rank}, "/ckpt/epoch=0.ckpt")
+    io = strategy.checkpoint_io
+    assert isinstance(io, RecordingCheckpointIO)
+    return {"saved": io.saved, "loaded": strategy.load_checkpoint("/ckpt/epoch=0.ckpt")}
+
+
+def test_seed_registered_strategy_with_a_custom_checkpoint_io_saves_on_rank_zero_only() -> None:
+    results = run_processes(_registered_checkpoint_io, 2)
+    assert results[0]["saved"] == [(0, "/ckpt/epoch=0.ckpt")]
+    assert results[1]["saved"] == []
+    assert results[1]["loaded"] == {"path": "/ckpt/epoch=0.ckpt"}
