@@ -266,17 +266,18 @@ def _check_strategy_fits(
             f"strategy={name} runs a single process, but the job has {world_size} processes "
             f"({num_devices} device(s) per node). Use strategy='ddp' (or 'auto'), or devices=1."
         )
-    if isinstance(strategy, DDPStrategy):
-        if world_size == 1 and not environment.creates_processes_externally:
-            raise ValueError(
-                f"strategy={name} distributes over several processes, but devices={num_devices} and one node give "
-                f"only one. Use devices=N with N > 1 (e.g. devices=2), or strategy='auto' for a single device."
-            )
-        if environment.creates_processes_externally and strategy.start_method != "popen":
-            raise ValueError(
-                f"strategy={name} starts its own processes (start_method={strategy.start_method!r}), but "
-                f"{type(environment).__name__} already started them. Use strategy='ddp'."
-            )
+    if isinstance(strategy, DDPStrategy) and world_size == 1 and not environment.creates_processes_externally:
+        raise ValueError(
+            f"strategy={name} distributes over several processes, but devices={num_devices} and one node give "
+            f"only one. Use devices=N with N > 1 (e.g. devices=2), or strategy='auto' for a single device."
+        )
+    start_method = getattr(strategy, "start_method", "popen")
+    if environment.creates_processes_externally and start_method != "popen":
+        raise ValueError(
+            f"strategy={name} starts its own processes (start_method={start_method!r}), but "
+            f"{type(environment).__name__} already started them. Use a strategy without start_method="
+            f"{start_method!r} (e.g. 'ddp')."
+        )
     strategy.check_accelerator(hardware)
 
 

@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
     from drivetrain.plugins.io.checkpoint_io import CheckpointIO
     from drivetrain.plugins.precision.precision import Precision
-    from drivetrain.strategies.launchers.launcher import Launcher
-
-#: How a DDP job's processes are started when drivetrain starts them.
-START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
 class DDPStrategy(ParallelStrategy):
@@ -64,11 +60,8 @@ class DDPStrategy(ParallelStrategy):
             num_nodes=num_nodes,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            start_method=start_method,
         )
-        if start_method not in START_METHODS:
-            raise ValueError(
-                f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}."
-            )
         unknown = sorted(set(ddp_kwargs) - _ddp_parameters())
         if unknown:
             raise TypeError(
@@ -76,28 +69,11 @@ class DDPStrategy(ParallelStrategy):
                 f"the strategy's own are passed to torch's DistributedDataParallel, which accepts: "
                 f"{', '.join(sorted(_ddp_parameters()))}."
             )
-        self._start_method = start_method
         self._ddp_kwargs = ddp_kwargs
-        self._launcher: Launcher | None = None
-
-    @property
-    def start_method(self) -> str:
-        return self._start_method
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
         return dict(self._ddp_kwargs)
-
-    @property
-    def launcher(self) -> Launcher:
-        if self._launcher is None:
-            from drivetrain.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
-
-            if self._start_method == "popen":
-                self._launcher = SubprocessScriptLauncher(self)
-            else:
-                self._launcher = MultiprocessingLauncher(self, start_method=self._start_method)
-        return self._launcher
 
     def _device_ids(self) -> list[int] | None:
         device = self.root_device

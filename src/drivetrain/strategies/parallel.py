@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
     from drivetrain.plugins.io.checkpoint_io import CheckpointIO
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.launchers.launcher import Launcher
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+#: How a job's processes are started when drivetrain starts them.
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
 class ParallelStrategy(Strategy):
@@ -34,6 +38,9 @@ class ParallelStrategy(Strategy):
         num_nodes: how many nodes take part.
         process_group_backend: ``"gloo"``, ``"nccl"`` …; by default chosen from the device.
         timeout: how long a collective may wait for the other ranks (``timedelta`` or seconds).
+        start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
+            torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
+            ``torch.multiprocessing`` and run a function in each.
     """
 
     def __init__(
@@ -48,10 +55,17 @@ class ParallelStrategy(Strategy):
         num_nodes: int = 1,
         process_group_backend: str | None = None,
         timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
     ) -> None:
         super().__init__(accelerator, checkpoint_io, precision, precision_plugin=precision_plugin)
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an int >= 1, got {num_nodes!r}.")
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}."
+            )
+        self._start_method = start_method
+        self._launcher: Launcher | None = None
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
         self._cluster_environment = cluster_environment
         self._num_nodes = num_nodes
@@ -99,6 +113,21 @@ class ParallelStrategy(Strategy):
                 f"parallel_devices=[...]."
             )
         return self._parallel_devices
+
+    @property
+    def start_method(self) -> str:
+        return self._start_method
+
+    @property
+    def launcher(self) -> Launcher | None:
+        if self._launcher is None:
+            from drivetrain.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+
+            if self._start_method == "popen":
+                self._launcher = SubprocessScriptLauncher(self)
+            else:
+                self._launcher = MultiprocessingLauncher(self, start_method=self._start_method)
+        return self._launcher
 
     @property
     def num_processes(self) -> int:
