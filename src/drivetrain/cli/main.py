@@ -1,4 +1,4 @@
-"""The ``drivetrain`` command: ``drivetrain launch …`` and ``drivetrain env``."""
+"""The ``drivetrain`` command: ``drivetrain launch …``, ``drivetrain env`` and ``drivetrain consolidate``."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
+    from drivetrain.cli.consolidate import add_consolidate_command
     from drivetrain.cli.env import add_env_command
     from drivetrain.cli.launch import add_launch_command
 
     add_launch_command(commands)
     add_env_command(commands)
+    add_consolidate_command(commands)
     return parser
 
 

@@ -21,6 +21,7 @@ _SUBPACKAGE = {
     "AsyncCheckpointIO": "io",
     "CheckpointIO": "io",
     "TorchCheckpointIO": "io",
+    "DeepSpeedPrecision": "precision",
     "DoublePrecision": "precision",
     "HalfPrecision": "precision",
     "MixedPrecision": "precision",

@@ -2,6 +2,8 @@
 
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.strategies.ddp import DDPStrategy
+from drivetrain.strategies.deepspeed import DeepSpeedStrategy
+from drivetrain.strategies.fsdp import FSDPStrategy
 from drivetrain.strategies.parallel import ParallelStrategy
 from drivetrain.strategies.registry import StrategyRegistry
 from drivetrain.strategies.single_device import SingleDeviceStrategy
@@ -11,6 +13,8 @@ from drivetrain.strategies.xla import XLAStrategy
 __all__ = [
     "CheckpointIO",
     "DDPStrategy",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "Strategy",

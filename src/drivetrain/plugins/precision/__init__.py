@@ -5,12 +5,14 @@ Names (``"bf16-mixed"``, Accelerate's ``"fp16"``, Lightning's ``16``) resolve th
 """
 
 from drivetrain.plugins.precision.amp import MixedPrecision
+from drivetrain.plugins.precision.deepspeed import DeepSpeedPrecision
 from drivetrain.plugins.precision.double import DoublePrecision
 from drivetrain.plugins.precision.half import HalfPrecision
 from drivetrain.plugins.precision.names import PrecisionRegistry, canonical_precision, precision_from_name
 from drivetrain.plugins.precision.precision import Precision
 
 __all__ = [
+    "DeepSpeedPrecision",
     "DoublePrecision",
     "HalfPrecision",
     "MixedPrecision",

@@ -1,0 +1,38 @@
+"""``drivetrain consolidate SRC DST``: turn a sharded checkpoint into one single-device file.
+
+``SRC`` is a directory written by ``FSDPStrategy.save_state`` (sharded, through
+``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``; ``DST`` is the file to
+write, loadable with ``torch.load(DST, weights_only=True)`` in one process. Runs without a GPU
+or a process group; it needs memory for the whole model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_consolidate_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "consolidate",
+        help="gather an FSDP or DeepSpeed sharded checkpoint into one file loadable on a single device",
+        description="Gather the sharded checkpoint directory SRC (written by FSDPStrategy or DeepSpeedStrategy) "
+        "into the single file DST, loadable with torch.load(DST, weights_only=True).",
+    )
+    parser.add_argument("source", metavar="SRC", help="the sharded checkpoint directory")
+    parser.add_argument("destination", metavar="DST", help="the file to write")
+    parser.set_defaults(run=run_consolidate)
+
+
+def run_consolidate(args: argparse.Namespace) -> int:
+    from drivetrain.strategies.consolidate import checkpoint_kind, consolidate_checkpoint
+
+    try:
+        kind = checkpoint_kind(args.source)
+        written = consolidate_checkpoint(args.source, args.destination)
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        print(f"drivetrain consolidate: {error}", file=sys.stderr)
+        return 2
+    print(f"drivetrain consolidate: wrote the {kind} checkpoint {args.source} to {written}")
+    return 0

@@ -1,0 +1,167 @@
+"""DeepSpeed checkpoints: written and read by the engine itself, consolidated with ``zero_to_fp32``.
+
+``DeepSpeedStrategy.save_state(path, {"model": engine, "optimizer": opt, "step": 3})`` calls
+``engine.save_checkpoint(path, tag="checkpoint")``: each rank writes its ZeRO partitions
+(``zero_pp_rank_*_optim_states.pt``), rank 0 the module file (``mp_rank_00_model_states.pt``),
+and a ``latest`` file names the tag. Entries other than the engine and its optimizer (plain
+values, schedulers, other modules' state dicts) go to ``drivetrain_state.pt`` beside them,
+written by rank 0 through the CheckpointIO with the names the engine and optimizer were saved
+under; it loads with ``torch.load(weights_only=True)``, so a load can check what the
+checkpoint holds before DeepSpeed touches the live engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    from drivetrain.strategies.deepspeed import DeepSpeedStrategy
+
+TAG = "checkpoint"
+STATE_FILE = "drivetrain_state.pt"
+FORMAT = "drivetrain-deepspeed"
+#: Rank 0's module file: ``mp_rank_00_model_states.pt`` (stages 0-2) or ``zero_pp_rank_0_mp_rank_00_model_states.pt`` (stage 3).
+MODEL_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def _module_file(tag_folder: Path) -> Path | None:
+    return next((tag_folder / name for name in MODEL_FILES if (tag_folder / name).is_file()), None)
+
+
+def is_deepspeed_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a directory ``engine.save_checkpoint`` wrote (or one of its tag folders)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return (
+        (path / "latest").is_file() or _module_file(path) is not None or any(path.glob("*/*model_states.pt"))
+    )
+
+
+def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict[str, Any]) -> None:
+    engines = [(name, value) for name, value in state.items() if type(value).__name__ == "DeepSpeedEngine"]
+    if len(engines) != 1:
+        raise ValueError(
+            f"DeepSpeedStrategy.save_state needs exactly one DeepSpeed engine in the state (the module returned by "
+            f"setup_module_and_optimizers), got {len(engines)}: {[name for name, _ in engines]}."
+        )
+    engine_name, engine = engines[0]
+    optimizer_name = None
+    values: dict[str, Any] = {}
+    for name, value in state.items():
+        if name == engine_name:
+            continue
+        if isinstance(value, Optimizer) or type(value).__module__.startswith("deepspeed."):
+            if value is not engine.optimizer:
+                raise ValueError(
+                    f"state[{name!r}] is an optimizer the engine does not drive; DeepSpeed checkpoints only the "
+                    f"engine's own optimizer (the one setup_module_and_optimizers returned)."
+                )
+            optimizer_name = name
+        elif isinstance(value, nn.Module) or callable(getattr(value, "state_dict", None)):
+            values[name] = value.state_dict()
+        else:
+            values[name] = value
+    engine.save_checkpoint(str(path), tag=TAG)
+    if strategy.is_global_zero:
+        header = {"format": FORMAT, "module": engine_name, "optimizer": optimizer_name, "values": values}
+        strategy.checkpoint_io.save_checkpoint(header, Path(path) / STATE_FILE)
+    strategy.barrier("deepspeed_save")
+
+
+def load_engine_state(
+    strategy: DeepSpeedStrategy, path: str | Path, state: dict[str, Any], strict: bool
+) -> dict[str, Any]:
+    if not is_deepspeed_checkpoint(path):
+        raise FileNotFoundError(
+            f"{path} is not a DeepSpeed checkpoint directory (written by DeepSpeedStrategy.save_state)."
+        )
+    engines = [(name, value) for name, value in state.items() if type(value).__name__ == "DeepSpeedEngine"]
+    if len(engines) != 1:
+        raise ValueError(
+            f"DeepSpeedStrategy.load_state needs the DeepSpeed engine in the state to load into, got "
+            f"{len(engines)} engines: {[name for name, _ in engines]}."
+        )
+    _, engine = engines[0]
+    header = _read_header(Path(path), strategy.checkpoint_io.load_checkpoint)
+    values: dict[str, Any] = header["values"]
+    known = {header["module"], header["optimizer"], *values}
+    missing = [name for name in state if name not in known and state[name] is not engine]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint has no entry for {', '.join(map(repr, missing))} (it has "
+            f"{', '.join(repr(n) for n in known if n)}). Pass strict=False to load the rest."
+        )
+    wants_optimizer = any(value is engine.optimizer for value in state.values() if value is not None)
+    load_path, _ = engine.load_checkpoint(
+        str(path),
+        load_module_strict=strict,
+        load_optimizer_states=wants_optimizer,
+        load_lr_scheduler_states=False,
+    )
+    if load_path is None:
+        raise FileNotFoundError(f"DeepSpeed found no checkpoint to load in {path}.")
+    for name, target in state.items():
+        if name not in values:
+            continue
+        if callable(getattr(target, "load_state_dict", None)):
+            target.load_state_dict(values[name])
+        else:
+            state[name] = values[name]
+    return {name: value for name, value in values.items() if name not in state}
+
+
+def _read_header(root: Path, load: Any) -> dict[str, Any]:
+    if not (root / STATE_FILE).is_file():  # written by DeepSpeed alone: the module, nothing else
+        return {"module": "model", "optimizer": None, "values": {}}
+    header = load(root / STATE_FILE)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"{root / STATE_FILE} was not written by drivetrain's DeepSpeedStrategy.")
+    return header
+
+
+def consolidate_deepspeed_checkpoint(source: str | Path, destination: str | Path) -> Path:
+    """Write the float32 weights (and the saved plain entries) of a DeepSpeed checkpoint to one file.
+
+    ZeRO partitions are merged with DeepSpeed's ``zero_to_fp32``; a stage-0 checkpoint's module
+    file already holds full weights. The module's entry keeps the name it was saved under.
+    """
+    import torch
+
+    from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+    from drivetrain.utilities.imports import require
+
+    require("deepspeed", extra="deepspeed", feature="Consolidating a DeepSpeed checkpoint")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    source = Path(source)
+    if _module_file(source) is not None:  # a tag folder was given
+        root, tag = source.parent, source.name
+    else:
+        root = source
+        latest = source / "latest"
+        tag = (
+            latest.read_text().strip()
+            if latest.is_file()
+            else next(source.glob("*/*model_states.pt")).parent.name
+        )
+    module_path = _module_file(root / tag)
+    if module_path is None:
+        raise FileNotFoundError(f"No DeepSpeed module file ({' or '.join(MODEL_FILES)}) in {root / tag}.")
+    saved = _read_header(root, TorchCheckpointIO().load_checkpoint)
+    if any((root / tag).glob("zero_pp_rank_*_optim_states.pt")):  # ZeRO 1-3: merge the partitions
+        weights = get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
+    else:  # stage 0: rank 0's module file holds the full weights
+        # DeepSpeed pickles that file (config objects and all); it is the user's own checkpoint, read
+        # the way DeepSpeed reads it. What we write is plain tensors and values.
+        weights = torch.load(module_path, map_location="cpu", weights_only=False)["module"]
+    checkpoint = {
+        saved["module"] or "model": {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    }
+    checkpoint.update(saved["values"])
+    TorchCheckpointIO().save_checkpoint(checkpoint, destination)
+    return Path(destination)

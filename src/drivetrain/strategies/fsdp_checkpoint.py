@@ -1,0 +1,162 @@
+"""FSDP checkpoints through ``torch.distributed.checkpoint`` (DCP): sharded save/load and consolidation.
+
+A sharded checkpoint is a directory::
+
+    ckpt/
+      .metadata                 DCP's index of every tensor shard
+      __0_0.distcp, __1_0.distcp …   each rank's shards of the modules and optimizers
+      drivetrain_state.pt       rank 0: which entries are sharded, and the plain values
+
+Modules and optimizers go through DCP (each rank writes only its shards, so saving needs no
+rank to hold the whole model); everything else (step counters, scheduler and RNG states …)
+is written once by rank 0 through the strategy's CheckpointIO, atomically and loadable with
+``torch.load(weights_only=True)``. DCP re-shards on load, so a checkpoint saved on N ranks
+loads on M.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    from drivetrain.strategies.fsdp import FSDPStrategy
+
+#: The file (inside a sharded checkpoint directory) that holds the non-sharded entries.
+STATE_FILE = "drivetrain_state.pt"
+FORMAT = "drivetrain-fsdp-sharded"
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a directory written by DCP (it has DCP's ``.metadata``)."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]) -> None:
+    """Every rank writes its shards of the modules/optimizers in ``state``; rank 0 writes the rest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    sharded: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for name, value in state.items():
+        if isinstance(value, nn.Module):
+            sharded[name], kinds[name] = get_model_state_dict(value), "module"
+        elif isinstance(value, Optimizer):
+            module = strategy.module_for_optimizer(value)
+            sharded[name], kinds[name] = get_optimizer_state_dict(module, value), "optimizer"
+        elif callable(getattr(value, "state_dict", None)):
+            values[name] = value.state_dict()
+        else:
+            values[name] = value
+    path = Path(path)
+    if strategy.is_global_zero:
+        path.mkdir(parents=True, exist_ok=True)
+    dcp.save(sharded, checkpoint_id=os.fspath(path))
+    if strategy.is_global_zero:
+        strategy.checkpoint_io.save_checkpoint(
+            {"format": FORMAT, "version": 1, "sharded": kinds, "values": values}, path / STATE_FILE
+        )
+    strategy.barrier("fsdp_save_sharded")
+
+
+def load_sharded(
+    strategy: FSDPStrategy, path: str | Path, state: dict[str, Any], strict: bool
+) -> dict[str, Any]:
+    """Restore the live objects in ``state`` from a sharded checkpoint; return its other plain entries."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    path = Path(path)
+    header = strategy.checkpoint_io.load_checkpoint(path / STATE_FILE)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(
+            f"{path} is a DCP checkpoint, but not one drivetrain's FSDPStrategy wrote ({STATE_FILE})."
+        )
+    kinds: dict[str, str] = header["sharded"]
+    values: dict[str, Any] = header["values"]
+    missing = [name for name in state if name not in kinds and name not in values]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint has no entry for {', '.join(map(repr, missing))} (it has "
+            f"{', '.join(map(repr, [*kinds, *values]))}). Pass strict=False to load the rest."
+        )
+
+    targets: dict[str, Any] = {}
+    for name, live in state.items():
+        if name not in kinds:
+            continue
+        expected = (
+            "module" if isinstance(live, nn.Module) else "optimizer" if isinstance(live, Optimizer) else None
+        )
+        if expected != kinds[name]:
+            raise TypeError(
+                f"The checkpoint's {name!r} is a sharded {kinds[name]}, but state[{name!r}] is a "
+                f"{type(live).__name__}. Pass the live {kinds[name]} under that name."
+            )
+        if expected == "module":
+            targets[name] = get_model_state_dict(live)
+        else:
+            targets[name] = get_optimizer_state_dict(strategy.module_for_optimizer(live), live)
+    if targets:
+        dcp.load(
+            targets, checkpoint_id=os.fspath(path), planner=DefaultLoadPlanner(allow_partial_load=not strict)
+        )
+    options = StateDictOptions(strict=strict)
+    for name, loaded in targets.items():
+        live = state[name]
+        if isinstance(live, nn.Module):
+            set_model_state_dict(live, loaded, options=options)
+        else:
+            set_optimizer_state_dict(strategy.module_for_optimizer(live), live, loaded, options=options)
+
+    for name, target in state.items():
+        if name in values:
+            if callable(getattr(target, "load_state_dict", None)) and not isinstance(
+                target, (nn.Module, Optimizer)
+            ):
+                target.load_state_dict(values[name])
+            else:
+                state[name] = values[name]
+    return {name: value for name, value in values.items() if name not in state}
+
+
+def consolidate_fsdp_checkpoint(source: str | Path, destination: str | Path) -> Path:
+    """Gather a sharded FSDP checkpoint into one ``torch.save`` file (runs in one process, no GPU).
+
+    The file holds the same entries :meth:`FSDPStrategy.save_state` was given, as full tensors:
+    modules as ordinary ``state_dict()`` s, optimizers as
+    ``{"state": {parameter name: ...}, "param_groups": [...]}`` (load those on one device with
+    ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``), plain values as saved.
+    """
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+
+    source, destination = Path(source), Path(destination)
+    io = TorchCheckpointIO()
+    header = io.load_checkpoint(source / STATE_FILE) if (source / STATE_FILE).is_file() else None
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    scratch = destination.with_name(f".{destination.name}.dcp-{os.getpid()}.tmp")
+    try:
+        dcp_to_torch_save(source, scratch)
+        checkpoint = torch.load(scratch, map_location="cpu", weights_only=True)
+    finally:
+        scratch.unlink(missing_ok=True)
+    if header is not None:
+        checkpoint.update(header["values"])
+    io.save_checkpoint(checkpoint, destination)
+    return destination
