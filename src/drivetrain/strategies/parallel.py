@@ -219,6 +219,12 @@ class ParallelStrategy(Strategy):
 
     def teardown(self) -> None:
         if self._owns_process_group and dist.is_initialized():
+            # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous store
+            # it hosts) while a peer still uses them makes that peer abort at exit.
+            try:
+                self.barrier("teardown")
+            except RuntimeError:
+                pass  # a peer is already gone; the launcher reports that
             dist.destroy_process_group()
         self._owns_process_group = False
         self._rendezvous_store = None

@@ -40,6 +40,7 @@ class SubprocessScriptLauncher(Launcher):
         self._strategy = strategy
         self._children: list[tuple[int, subprocess.Popen[bytes]]] = []
         self._failure: ProcessFailedError | None = None
+        self._store: dist.Store | None = None
         self._stopping = False
         self._exiting = False
         self._unwinding = False
@@ -108,6 +109,7 @@ class SubprocessScriptLauncher(Launcher):
             )
             port = store.port
             strategy._rendezvous_store = store
+            self._store = store  # hosted until the children have exited (see _at_exit)
             if environment.main_port != port:
                 set_main_port = getattr(environment, "set_main_port", None)
                 if set_main_port is None:
