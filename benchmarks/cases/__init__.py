@@ -1,0 +1,1 @@
+"""The benchmark cases: one package per case, holding its definition and one script per variant."""

@@ -1,0 +1,221 @@
+# ruff: noqa: RUF001 (tables and messages use typographic signs on purpose)
+"""Case 5: a ~110 M-parameter GPT on one CUDA GPU, bf16-mixed, eager and ``torch.compile``.
+
+Tokens/s and MFU (model FLOPs per second over the card's measured bf16 matmul rate) for raw
+PyTorch, drivetrain's two front doors, Lightning and Accelerate; then one-GPU DDP against FSDP2,
+raw and through drivetrain's Trainer. Runs only where CUDA is present; ``--gpu-dry-run`` runs the
+same scripts on the CPU with a tiny model and a trace-only compile, to check the wiring (no MFU,
+and its times mean nothing).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Context, Variant
+from benchmarks.report import CaseResult, Table, fmt_ratio, fmt_summary
+from benchmarks.stats import Summary, ratio
+from benchmarks.training import VariantStats, analyse, raw_samples
+
+SCRIPTS = Path(__file__).resolve().parent
+# bf16 arithmetic and non-deterministic CUDA kernels (embedding and attention backward) make two
+# runs of the same training drift apart, and early in training Adam amplifies the drift: on an
+# H100, raw PyTorch and raw one-process DDP (the same arithmetic) ended 48 steps apart by 4.5%
+# (8.49 vs 8.88, from ln V = 10.4). The tolerance is the smallest round figure above that; a
+# variant that did not train, or took another number of steps (checked exactly), is caught.
+GPU_LOSS_REL_TOL = 0.1
+CPU_LOSS_REL_TOL = 1e-4
+
+FRONT_DOORS = (
+    ("raw", "raw PyTorch", "raw.py", "own"),
+    ("drivetrain_trainer", "drivetrain Trainer", "drivetrain_trainer.py", "own"),
+    ("drivetrain_accelerator", "drivetrain Accelerator", "drivetrain_accelerator.py", "own"),
+    ("lightning_trainer", "Lightning Trainer", "lightning_trainer.py", "peers"),
+    ("accelerate_loop", "HF Accelerate", "accelerate_loop.py", "peers"),
+)
+
+
+def cuda_available(python: str) -> bool:
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
+    return probe.stdout.strip() == "True"
+
+
+def variants(context: Context) -> tuple[list[Variant], list[list[str]]]:
+    """All variants in run order, and the loss groups (first member: the group's reference).
+
+    The compiled runs go last: compiling is the slowest part of a run on a leased machine, and
+    with ``--time-limit`` what is not reached is reported as not run.
+    """
+
+    def front_doors(compiled: bool) -> list[Variant]:
+        suffix = " + compile" if compiled else ""
+        chosen = []
+        for name, label, script, interpreter in FRONT_DOORS:
+            python = context.python if interpreter == "own" else context.peers_python
+            if python is not None:
+                command = (python, str(SCRIPTS / script))
+                chosen.append(
+                    Variant(
+                        name + ("_compile" if compiled else ""),
+                        label + suffix,
+                        command,
+                        {"compile": compiled},
+                    )
+                )
+        return chosen
+
+    torchrun = (context.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1")
+    raw = str(SCRIPTS / "raw.py")
+    parallel = [
+        Variant("raw_ddp", "raw DDP (torchrun, 1 GPU)", (*torchrun, raw), {"parallel": "ddp"}),
+        Variant("raw_fsdp", "raw FSDP2 (torchrun, 1 GPU)", (*torchrun, raw), {"parallel": "fsdp"}),
+        Variant(
+            "drivetrain_fsdp",
+            'drivetrain Trainer(strategy="fsdp")',
+            (context.python, str(SCRIPTS / "drivetrain_trainer.py")),
+            {"strategy": "fsdp"},
+        ),
+    ]
+    eager, compiled = front_doors(False), front_doors(True)
+    groups = [[v.name for v in eager], [v.name for v in compiled], [v.name for v in parallel]]
+    return [*eager, *parallel, *compiled], groups
+
+
+def run(context: Context) -> CaseResult:
+    dry = context.gpu_dry_run
+    result = CaseResult(
+        name="gpu",
+        title="5. GPU: GPT decoder, bf16-mixed" + (" (CPU dry run)" if dry else ""),
+        description="",
+    )
+    if not dry and not cuda_available(context.python):
+        result.skipped = "no CUDA GPU here (`--gpu-dry-run` runs the scripts on the CPU with a tiny model)."
+        return result
+    warmup, timed = (2, 4) if dry else (8, 40)
+    config = {"warmup_steps": warmup, "timed_steps": timed, "seed": 0, "lr": 6e-4, "dry_run": dry}
+    rel_tol = CPU_LOSS_REL_TOL if dry else GPU_LOSS_REL_TOL
+    runner = context.runner(threads=context.cores, timeout_s=240)
+    try:
+        ceiling = None
+        if not dry:
+            context.log("gpu: measuring the bf16 matmul ceiling")
+            sample = runner.run_once(
+                Variant("ceiling", "bf16 matmul", (context.python, str(SCRIPTS / "ceiling.py"))), {}
+            )
+            if sample.error is not None:
+                result.problems.append(f"ceiling measurement failed: {sample.error}")
+            else:
+                ceiling = sample.result
+                result.data["machine"] = {
+                    "gpu": f"{ceiling['gpu']} (driver {ceiling.get('driver')}, CUDA {ceiling['cuda']}, "
+                    f"torch {ceiling['torch']}, bf16 matmul {ceiling['tflops']:.0f} TFLOP/s measured)"
+                }
+        chosen, groups = variants(context)
+        chosen = context.select(chosen, *(group[0] for group in groups))
+        context.log(
+            f"gpu: {len(chosen)} variants × 1 round, {warmup}+{timed} steps" + (" (dry run)" if dry else "")
+        )
+        samples = runner.interleave(chosen, config, rounds=1)
+    finally:
+        runner.close()
+    stats, problems = analyse(
+        chosen, samples, reference="raw", expected_steps=warmup + timed, rel_tol=rel_tol, loss_groups=groups
+    )
+    result.problems += problems
+    peak = ceiling["tflops"] * 1e12 if ceiling else None
+    _add_mfu(stats, samples, peak)
+    result.description = _describe(config, ceiling, rel_tol, samples)
+    result.tables.append(_table("Front doors, eager", stats, groups[0], "raw"))
+    result.tables.append(_table("Front doors, torch.compile", stats, groups[1], "raw_compile"))
+    result.tables.append(_table("One GPU: DDP vs FSDP2", stats, groups[2], "raw_ddp"))
+    result.data.update(
+        config=config,
+        ceiling=ceiling,
+        variants={n: s.as_dict() for n, s in stats.items()},
+        samples=raw_samples(samples),
+    )
+    if context.peers_python is None:
+        result.notes.append("Peers left out (--no-peers).")
+    result.notes.append("One round per variant (device time is scarce): no interleaved repeats, min = max.")
+    result.notes.append(
+        'No drivetrain DDP row: drivetrain refuses strategy="ddp" with one device (a one-process DDP '
+        "would only add overhead); its single-device run is the eager drivetrain Trainer row."
+    )
+    return result
+
+
+def _add_mfu(stats: dict[str, VariantStats], samples: dict[str, Any], peak: float | None) -> None:
+    for name, item in stats.items():
+        tokens = item["tokens_per_s"]
+        runs = samples.get(name, [])
+        if peak is None or tokens is None or not runs or runs[0].get("flops_per_token") is None:
+            continue
+        flops = runs[0].get("flops_per_token")
+        item.summaries["mfu"] = Summary(
+            tokens.median * flops / peak, tokens.low * flops / peak, tokens.high * flops / peak, tokens.count
+        )
+
+
+def _describe(
+    config: dict[str, Any], ceiling: dict[str, Any] | None, rel_tol: float, samples: dict[str, Any]
+) -> str:
+    parameters = next(
+        (s.get("parameters") for runs in samples.values() for s in runs if s.get("parameters")), None
+    )
+    size = f"{parameters / 1e6:.0f} M parameters" if parameters else "GPT"
+    text = (
+        f"GPT decoder ({size}; 12 layers, width 768, 12 heads, vocabulary 32768, context 1024, batch 16) "
+        f"on synthetic learnable tokens, AdamW, bf16 autocast with fp32 weights, "
+        f"{config['warmup_steps']}+{config['timed_steps']} steps. Tokens/s from the mean step time after the "
+        f"warm-up steps (the clock waits for the GPU at both ends of the window). MFU = tokens/s × "
+        f"6·(matmul parameters) + 12·layers·width·context FLOPs per token, over the measured bf16 matmul rate"
+    )
+    text += (
+        f" ({ceiling['tflops']:.0f} TFLOP/s on this card)." if ceiling else " (not measured in a dry run)."
+    )
+    return (
+        text
+        + f" Final losses must agree within rel. {rel_tol:g} per table (bf16 and non-deterministic kernels make "
+        "equal trainings drift apart early in training)."
+    )
+
+
+def _table(title: str, stats: dict[str, VariantStats], names: list[str], reference: str) -> Table:
+    rows = []
+    base = stats.get(reference)
+    for name in names:
+        item = stats.get(name)
+        if item is None:
+            continue
+        if item.error is not None:
+            rows.append([item.label, "FAILED: " + item.error.splitlines()[0], "", "", "", "", "", ""])
+            continue
+        mfu = item["mfu"]
+        tokens = item["tokens_per_s"]
+        rows.append(
+            [
+                item.label,
+                f"{tokens.median:,.0f}" if tokens else "—",
+                f"{mfu.median:.1%}" if mfu else "—",
+                fmt_summary(item["step_s"]),
+                fmt_ratio(ratio(item["step_s"], base["step_s"] if base else None)),
+                fmt_summary(item["first_step_s"]),
+                f"{memory.median:.1f} GiB" if (memory := item["gpu_max_allocated_gib"]) else "—",
+                f"{item['final_loss'].median:.5g}" if item["final_loss"] else "—",
+            ]
+        )
+    header = [
+        "variant",
+        "tokens/s",
+        "MFU",
+        "step time",
+        f"× {reference}",
+        "command → first step",
+        "GPU memory",
+        "final loss",
+    ]
+    return Table(title, header, rows)

@@ -1,0 +1,98 @@
+# ruff: noqa: RUF001 (tables and messages use typographic signs on purpose)
+"""Case 2: what importing each framework costs on top of ``import torch``.
+
+Each sample is a fresh interpreter that times ``import torch`` and then the framework's import
+statement; the reported cost is the second time (the framework's own modules, torch already
+loaded), so the two interpreters' torch load times do not enter the comparison.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.harness import Context, Variant
+from benchmarks.report import CaseResult, Table, Target, fmt_delta, fmt_summary
+from benchmarks.stats import summarize
+from benchmarks.training import raw_samples
+
+SCRIPT = Path(__file__).resolve().parent / "measure.py"
+# `from lightning.fabric import Fabric` is not listed: it runs `lightning/__init__`, which imports
+# both Fabric and the Trainer, so it costs the same as `import lightning` (measured: 1.39 s vs 1.36 s).
+LIMIT_S = 0.05
+
+# (name, statement, interpreter: "own" or "peers")
+STATEMENTS = (
+    ("drivetrain", "import drivetrain", "own"),
+    ("drivetrain_trainer", "from drivetrain import Trainer, TrainingModule", "own"),
+    ("drivetrain_accelerator", "from drivetrain import Accelerator", "own"),
+    ("lightning", "import lightning", "peers"),
+    ("accelerate", "from accelerate import Accelerator", "peers"),
+)
+
+
+def run(context: Context) -> CaseResult:
+    rounds, warmup = (1, 0) if context.quick else (5, 1)
+    variants = []
+    for name, statement, interpreter in STATEMENTS:
+        python = context.python if interpreter == "own" else context.peers_python
+        if python is not None:
+            variants.append(Variant(name, statement, (python, str(SCRIPT)), config={"statement": statement}))
+    variants = context.select(variants)
+    result = CaseResult(
+        name="import_time",
+        title="2. Import time over torch",
+        description=(
+            f"Each sample is a fresh interpreter: time `import torch`, then the statement; the cost shown "
+            f"is the statement's own time. {rounds} rounds after {warmup} warm-up round(s), interleaved."
+        ),
+    )
+    context.log(f"import_time: {len(variants)} statements × {rounds} rounds")
+    runner = context.runner(threads=context.cores)
+    try:
+        samples = runner.interleave(variants, {}, rounds=rounds, warmup_rounds=warmup)
+    finally:
+        runner.close()
+    rows = []
+    summaries = {}
+    for variant in variants:
+        runs = samples[variant.name]
+        error = next((s.error for s in runs if s.error), None)
+        if error is not None:
+            result.problems.append(f"{variant.name} failed: {error}")
+            rows.append([f"`{variant.label}`", "FAILED: " + error.splitlines()[0], "", "", ""])
+            summaries[variant.name] = None
+            continue
+        cost = summarize(s.get("import_s") for s in runs)
+        torch_time = summarize(s.get("torch_s") for s in runs)
+        rss = summarize(s.get("max_rss_mib") for s in runs)
+        modules = summarize(s.get("modules") for s in runs)
+        summaries[variant.name] = {"import_s": cost, "torch_s": torch_time, "max_rss_mib": rss}
+        rows.append(
+            [
+                f"`{variant.label}`",
+                fmt_summary(cost),
+                fmt_summary(torch_time),
+                fmt_summary(rss, "MiB"),
+                f"{modules.median:.0f}" if modules else "—",
+            ]
+        )
+        if variant.name.startswith("drivetrain"):
+            result.targets.append(
+                Target(
+                    what=f"`{variant.label}` over `import torch`",
+                    limit=f"≤ +{LIMIT_S} s",
+                    measured=fmt_delta(cost.median if cost else None),
+                    met=None if cost is None else cost.median <= LIMIT_S,
+                )
+            )
+    header = ["statement", "cost over torch", "`import torch` itself", "max RSS", "modules loaded"]
+    result.tables.append(Table("", header, rows))
+    result.data = {
+        "rounds": rounds,
+        "variants": {
+            n: ({k: v.as_dict() if v else None for k, v in s.items()} if s else None)
+            for n, s in summaries.items()
+        },
+        "samples": raw_samples(samples),
+    }
+    return result

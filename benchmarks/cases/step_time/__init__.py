@@ -1,0 +1,173 @@
+# ruff: noqa: RUF001 (tables and messages use typographic signs on purpose)
+"""Case 1: time per training step in one CPU process, overhead-bound and compute-bound.
+
+Every variant trains the same MLP on the same data with the same DataLoader settings, seed,
+optimizer and number of steps; they differ only in the framework around the loop. The scripts in
+this folder are also the DDP case's scripts (``devices`` in the config, or run under a launcher).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.harness import Context, Variant
+from benchmarks.report import CaseResult, Table, Target, fmt_ratio, fmt_summary
+from benchmarks.stats import ratio
+from benchmarks.training import VariantStats, analyse, raw_samples
+
+SCRIPTS = Path(__file__).resolve().parent
+
+# Single process, fp32, same operations in the same order: the weights must come out bit-identical;
+# the tolerance only absorbs printing round-trips.
+LOSS_REL_TOL = 1e-6
+
+# (model, warm-up steps, timed steps, batch size, learning rate, rounds) for full and quick runs.
+SETTINGS = {
+    "tiny": {"full": (100, 800, 64, 0.05, 3), "quick": (50, 300, 64, 0.05, 1)},
+    "wide": {"full": (5, 40, 64, 0.01, 3), "quick": (3, 15, 64, 0.01, 1)},
+}
+
+TITLES = {
+    "tiny": "tiny MLP 32→64→1 (overhead-bound)",
+    "wide": "wide MLP 256→2048→2048→1 (compute-bound)",
+}
+
+
+def variants(context: Context, *, with_logging: bool) -> list[Variant]:
+    """Raw PyTorch first (the reference), then drivetrain, then the peers (if their venv is there)."""
+
+    def own(name: str, label: str, script: str, **config: object) -> Variant:
+        return Variant(name, label, (context.python, str(SCRIPTS / script)), config=config)
+
+    def peer(name: str, label: str, script: str, **config: object) -> Variant:
+        assert context.peers_python is not None
+        return Variant(name, label, (context.peers_python, str(SCRIPTS / script)), config=config)
+
+    chosen = [
+        own("raw", "raw PyTorch", "raw.py"),
+        own("drivetrain_trainer", "drivetrain Trainer", "drivetrain_trainer.py"),
+    ]
+    if with_logging:
+        chosen.append(
+            own(
+                "drivetrain_trainer_log",
+                "drivetrain Trainer + self.log",
+                "drivetrain_trainer.py",
+                log_metric=True,
+            )
+        )
+    chosen.append(own("drivetrain_accelerator", "drivetrain Accelerator", "drivetrain_accelerator.py"))
+    if context.peers_python is not None:
+        chosen.append(peer("lightning_trainer", "Lightning Trainer", "lightning_trainer.py"))
+        if with_logging:
+            chosen.append(
+                peer(
+                    "lightning_trainer_log",
+                    "Lightning Trainer + self.log",
+                    "lightning_trainer.py",
+                    log_metric=True,
+                )
+            )
+        chosen += [
+            peer("fabric", "Lightning Fabric", "fabric.py"),
+            peer("accelerate_loop", "HF Accelerate", "accelerate_loop.py"),
+        ]
+    return chosen
+
+
+def run(context: Context) -> CaseResult:
+    result = CaseResult(
+        name="step_time",
+        title="1. Step time, one CPU process",
+        description=(
+            f"Per-step time = mean interval between optimizer-step ends after the warm-up steps, "
+            f"one fresh process per sample, variants interleaved. SGD, MSE loss, DataLoader(batch_size=64, "
+            f"shuffle=False, num_workers=0), {context.cores} threads. All variants must reach the raw loop's "
+            f"final loss within rel. {LOSS_REL_TOL:g}."
+        ),
+    )
+    runner = context.runner(threads=context.cores)
+    try:
+        for model in ("tiny", "wide"):
+            warmup, timed, batch, lr, rounds = SETTINGS[model]["quick" if context.quick else "full"]
+            config = {
+                "model": model,
+                "warmup_steps": warmup,
+                "timed_steps": timed,
+                "batch_size": batch,
+                "lr": lr,
+            }
+            config["seed"] = 0
+            chosen = context.select(variants(context, with_logging=model == "tiny"), "raw")
+            context.log(
+                f"step_time/{model}: {len(chosen)} variants × {rounds} rounds, {warmup}+{timed} steps"
+            )
+            samples = runner.interleave(chosen, config, rounds=rounds)
+            stats, problems = analyse(
+                chosen, samples, reference="raw", expected_steps=warmup + timed, rel_tol=LOSS_REL_TOL
+            )
+            result.problems += [f"[{model}] {p}" for p in problems]
+            result.tables.append(_table(f"{TITLES[model]}: {warmup}+{timed} steps, {rounds} rounds", stats))
+            result.targets += _targets(model, stats)
+            result.data[model] = {
+                "config": config,
+                "rounds": rounds,
+                "variants": {n: s.as_dict() for n, s in stats.items()},
+                "samples": raw_samples(samples),
+            }
+    finally:
+        runner.close()
+    if context.peers_python is None:
+        result.notes.append("Peers left out (--no-peers).")
+    return result
+
+
+def _table(title: str, stats: dict[str, VariantStats]) -> Table:
+    raw = stats["raw"]["step_s"] if "raw" in stats else None
+    rows = []
+    for item in stats.values():
+        if item.error is not None:
+            rows.append([item.label, "FAILED: " + item.error.splitlines()[0], "", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                item.label,
+                fmt_summary(item["step_s"]),
+                fmt_ratio(ratio(item["step_s"], raw)),
+                fmt_summary(item["step_median_s"]),
+                fmt_summary(item["first_step_s"]),
+                fmt_summary(item["max_rss_mib"], "MiB"),
+                f"{item['final_loss'].median:.6g}" if item["final_loss"] else "—",
+            ]
+        )
+    header = [
+        "variant",
+        "step time",
+        "× raw",
+        "median step interval",
+        "command → first step",
+        "max RSS",
+        "final loss",
+    ]
+    return Table(title, header, rows)
+
+
+def _targets(model: str, stats: dict[str, VariantStats]) -> list[Target]:
+    limits = {
+        "tiny": [("drivetrain_trainer_log", 1.05), ("drivetrain_accelerator", 1.02)],
+        "wide": [("drivetrain_trainer", 1.005), ("drivetrain_accelerator", 1.005)],
+    }[model]
+    targets = []
+    raw = stats["raw"]["step_s"] if "raw" in stats else None
+    for name, limit in limits:
+        item = stats.get(name)
+        measured = ratio(item["step_s"], raw) if item is not None else None
+        targets.append(
+            Target(
+                what=f"{item.label if item else name}, {TITLES[model]}",
+                limit=f"≤ {limit}× raw",
+                measured=fmt_ratio(measured),
+                met=None if measured is None else measured <= limit,
+            )
+        )
+    return targets

@@ -1,0 +1,42 @@
+"""Raw PyTorch: the reference loop every framework is compared against.
+
+One code path for one process and for ``torchrun`` (nanoGPT style): under torchrun it joins the
+process group, wraps the model in ``DistributedDataParallel`` and shards the data with a
+``DistributedSampler``.
+"""
+
+import os
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+from benchmarks.cases import common
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    distributed = "RANK" in os.environ
+    model = common.build_model(config)
+    dataset = common.build_dataset(config)
+    sampler = None
+    train_model = model
+    if distributed:
+        dist.init_process_group("gloo")
+        train_model = DistributedDataParallel(model)
+        sampler = DistributedSampler(dataset, shuffle=False)
+    optimizer = common.build_optimizer(train_model, config)
+    for features, targets in common.build_loader(config, dataset, sampler):
+        optimizer.zero_grad(set_to_none=True)
+        loss = common.loss_fn(train_model(features), targets)
+        loss.backward()
+        optimizer.step()
+    rank = dist.get_rank() if distributed else 0
+    common.report(config, clock, model, rank=rank)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

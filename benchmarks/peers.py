@@ -1,0 +1,77 @@
+"""The peers' own virtual environment: Lightning (with Fabric) and Accelerate, never in the project's.
+
+Created on first use at ``benchmarks/.peers-venv`` (git-ignored) with the same pinned torch as
+the project (``constraints.txt``), so that both interpreters run the same torch build and only the
+framework differs. Later runs reuse it after a quick check that the packages import.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PEERS_VENV = REPO_ROOT / "benchmarks" / ".peers-venv"
+PEER_PACKAGES = ("torch==2.13.0", "lightning", "accelerate")
+
+_PROBE = """
+import importlib.metadata as m, json, sys
+found = {"python": ".".join(map(str, sys.version_info[:3]))}
+for name in sys.argv[1:]:
+    try:
+        found[name] = m.version(name)
+    except m.PackageNotFoundError:
+        # Importable from a source tree (PYTHONPATH) without being installed?
+        try:
+            found[name] = __import__(name).__version__ + " (from source)"
+        except Exception:
+            found[name] = None
+print(json.dumps(found))
+"""
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def probe_versions(python: Path | str, packages: Sequence[str]) -> dict[str, str | None]:
+    """Python and package versions as ``python`` sees them (None for a missing package)."""
+    completed = subprocess.run(
+        [str(python), "-c", _PROBE, *packages], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(completed.stdout)
+
+
+def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = print) -> Path:
+    """Return the peers' interpreter, creating the environment first if it is absent or incomplete."""
+    python = venv_python(venv)
+    if python.exists():
+        versions = probe_versions(python, ("torch", "lightning", "accelerate"))
+        if all(versions.values()):
+            return python
+        log(f"peers' venv at {venv} lacks {[k for k, v in versions.items() if not v]}; installing")
+    else:
+        log(f"creating the peers' venv at {venv} (one time, about a minute)")
+        # The project's interpreter may itself be a venv; `-m venv` builds on its base Python.
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-c",
+            str(REPO_ROOT / "constraints.txt"),
+            *PEER_PACKAGES,
+        ],
+        check=True,
+    )
+    log(f"peers installed in {time.perf_counter() - started:.0f} s")
+    return python
