@@ -45,6 +45,8 @@ def _restore_registries() -> object:
     from drivetrain.strategies import StrategyRegistry
 
     registries = (AcceleratorRegistry, StrategyRegistry, PrecisionRegistry)
+    for registry in registries:
+        registry.available()  # load the built-ins first, so the snapshot holds them
     saved = [dict(r._entries) for r in registries]
     yield
     for registry, entries in zip(registries, saved):

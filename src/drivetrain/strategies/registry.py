@@ -18,7 +18,18 @@ class _StrategyRegistry(Registry["Strategy"]):
         return self.available()
 
 
-StrategyRegistry = _StrategyRegistry("strategy", entry_point_group="drivetrain.strategies")
+StrategyRegistry = _StrategyRegistry(
+    "strategy",
+    entry_point_group="drivetrain.strategies",
+    # Imported on the first lookup: the sharded and XLA strategies are not needed to import drivetrain.
+    builtin_modules=(
+        "drivetrain.strategies.single_device",
+        "drivetrain.strategies.ddp",
+        "drivetrain.strategies.fsdp",
+        "drivetrain.strategies.deepspeed",
+        "drivetrain.strategies.xla",
+    ),
+)
 """The module-level strategy registry.
 
 ``StrategyRegistry.register("ddp_custom_checkpoint_io", DDPStrategy, description=...,

@@ -57,13 +57,18 @@ class Registry(Generic[T]):
         kind: what the registry holds, for messages (``"accelerator"``, ``"strategy"`` …).
         entry_point_group: the ``importlib.metadata`` entry-point group that third-party packages
             use to register themselves; read lazily, once, on first lookup.
+        builtin_modules: modules whose classes register built-in entries when imported; imported
+            on first lookup, so that importing the package does not import every implementation.
     """
 
-    def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
+    def __init__(
+        self, kind: str, entry_point_group: str | None = None, builtin_modules: tuple[str, ...] = ()
+    ) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
         self._entries: dict[str, RegistryEntry] = {}
-        self._entry_points_loaded = entry_point_group is None
+        self._builtin_modules = builtin_modules
+        self._entry_points_loaded = entry_point_group is None and not builtin_modules
 
     # -- registration -----------------------------------------------------------------------
     def register(
@@ -164,6 +169,12 @@ class Registry(Generic[T]):
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
+        import importlib
+
+        for module in self._builtin_modules:
+            importlib.import_module(module)
+        if self.entry_point_group is None:
+            return
         from importlib.metadata import entry_points
 
         for entry_point in entry_points(group=self.entry_point_group or ""):
