@@ -31,3 +31,19 @@ def fail_on_rank_one(strategy: Any) -> None:
     if strategy.global_rank == 1:
         raise ValueError("rank one is unhappy")
     strategy.barrier()
+
+
+def train_given_model(strategy: Any, model: nn.Module, steps: int) -> dict[str, Any]:
+    strategy.setup_environment()
+    wrapped = strategy.setup_module(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 3, generator=generator), torch.randn(8, 1, generator=generator)
+    shard = slice(strategy.global_rank * 4, (strategy.global_rank + 1) * 4)
+    for _ in range(steps):
+        strategy.backward(((wrapped(x[shard]) - y[shard]) ** 2).mean(), wrapped)
+        strategy.optimizer_step(optimizer)
+        optimizer.zero_grad()
+    weights = {name: value.clone() for name, value in strategy.unwrap_module(wrapped).state_dict().items()}
+    strategy.teardown()
+    return weights

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,8 +74,10 @@ class ParallelStrategy(Strategy):
         self._process_group_backend = process_group_backend
         self._timeout = _as_timedelta(timeout)
         self._owns_process_group = False
-        # A rendezvous store handed over by a launcher of this process (see launchers/).
+        # The rendezvous store: handed over by a launcher of this process (see launchers/), or joined
+        # (hosted, on rank 0) by setup_process_group.
         self._rendezvous_store: dist.Store | None = None
+        self._setups = 0
 
     def connect_plugins(
         self,
@@ -201,34 +205,52 @@ class ParallelStrategy(Strategy):
         }
         if self.root_device.type == "cuda":
             kwargs["device_id"] = self.root_device  # eager NCCL init: failures surface here, not mid-step
-        if environment.uses_agent_store:
-            dist.init_process_group(init_method="env://", **kwargs)
-        else:
-            store = self._rendezvous_store
-            if store is None:
-                store = dist.TCPStore(
-                    environment.main_address,
-                    environment.main_port,
-                    self.world_size,
-                    is_master=self.global_rank == 0,
-                    timeout=self._timeout,
-                    wait_for_workers=False,
-                )
-            dist.init_process_group(store=store, **kwargs)
+        if self._rendezvous_store is None:
+            # Kept across teardown() so a later setup (fit, then test) finds the same rendezvous. Under
+            # torchrun every rank, rank 0 included, joins the store its agent already hosts.
+            hosts = self.global_rank == 0 and not environment.uses_agent_store
+            self._rendezvous_store = dist.TCPStore(
+                environment.main_address,
+                environment.main_port,
+                self.world_size if hosts else None,
+                is_master=hosts,
+                timeout=self._timeout,
+                wait_for_workers=False,
+            )
+        # Each setup gets fresh keys: a second group must not read the first one's addresses.
+        self._setups += 1
+        namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
+        dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
         self._owns_process_group = True
+        # Scripts that never call teardown() (Accelerate-style ones rarely do) still leave cleanly.
+        atexit.register(_leave_at_exit, weakref.ref(self))
 
     def teardown(self) -> None:
+        self._leave_process_group(wait_for_peers=True)
+        super().teardown()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned ranks join the rendezvous themselves; stores and groups do not cross processes.
+        state = self.__dict__.copy()
+        state["_rendezvous_store"] = None
+        state["_owns_process_group"] = False
+        return state
+
+    def _leave_process_group(self, wait_for_peers: bool) -> None:
         if self._owns_process_group and dist.is_initialized():
-            # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous store
-            # it hosts) while a peer still uses them makes that peer abort at exit.
-            try:
-                self.barrier("teardown")
-            except RuntimeError:
-                pass  # a peer is already gone; the launcher reports that
+            self._release_communication_state()
+            if wait_for_peers:
+                # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous
+                # store it hosts) while a peer still uses them makes that peer abort at exit.
+                try:
+                    self.barrier("teardown")
+                except RuntimeError:
+                    pass  # a peer is already gone; the launcher reports that
             dist.destroy_process_group()
         self._owns_process_group = False
-        self._rendezvous_store = None
-        super().teardown()
+
+    def _release_communication_state(self) -> None:
+        """Free what holds on to the process group (DDP's reducers) before it is destroyed."""
 
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
@@ -291,3 +313,11 @@ def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
     if seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}.")
     return datetime.timedelta(seconds=seconds)
+
+
+def _leave_at_exit(reference: weakref.ref[ParallelStrategy]) -> None:
+    # At interpreter exit, without waiting for peers: one may have exited already, and a barrier
+    # with a dead peer would wait for the full timeout on NCCL.
+    strategy = reference()
+    if strategy is not None:
+        strategy._leave_process_group(wait_for_peers=False)

@@ -240,6 +240,29 @@ class Strategy:
     ) -> Any:
         return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
+    @property
+    def backward_is_plain(self) -> bool:
+        """Whether :meth:`backward` amounts to exactly ``loss.backward()`` (no loss scaling, no engine).
+
+        Front doors then call ``loss.backward()`` directly, saving a few Python calls per step; any
+        override of :meth:`backward` or of the precision's backward hooks turns this off.
+        """
+        precision = type(self.precision)
+        return (
+            type(self).backward is Strategy.backward
+            and precision.pre_backward is Precision.pre_backward
+            and precision.backward is Precision.backward
+            and precision.post_backward is Precision.post_backward
+        )
+
+    @property
+    def optimizer_step_is_plain(self) -> bool:
+        """Whether :meth:`optimizer_step` amounts to exactly ``optimizer.step()`` (see :attr:`backward_is_plain`)."""
+        return (
+            type(self).optimizer_step is Strategy.optimizer_step
+            and type(self.precision).optimizer_step is Precision.optimizer_step
+        )
+
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
         return nullcontext()

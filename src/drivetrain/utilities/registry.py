@@ -162,7 +162,7 @@ class Registry(Generic[T]):
     def _unknown(self, name: object) -> ValueError:
         return ValueError(
             f"Unknown {self.kind} {name!r}. Available: {', '.join(self.available()) or '(none)'}. "
-            f"Register your own with {type(self).__name__}.register(name, cls)."
+            f"Register your own with {self.kind.capitalize()}Registry.register(name, cls)."
         )
 
     def _load_entry_points(self) -> None:

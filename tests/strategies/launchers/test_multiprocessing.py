@@ -10,7 +10,7 @@ from torch import nn
 
 import drivetrain as dt
 from drivetrain.strategies.launchers import MultiprocessingLauncher, ProcessFailedError
-from helpers.launch_targets import fail_on_rank_one, train_and_return_weights
+from helpers.launch_targets import fail_on_rank_one, train_and_return_weights, train_given_model
 
 pytestmark = pytest.mark.multiprocess
 
@@ -69,3 +69,18 @@ def test_ddp_fork_runs_local_functions() -> None:
         return int(total) + marker["value"] - 2 + strategy.world_size
 
     assert strategy.launcher.launch(run) == 43
+
+
+def test_spawned_ranks_train_their_own_copy_of_a_model_passed_in() -> None:
+    # torch's multiprocessing pickler would put the parameters in shared memory, so both ranks (and
+    # the parent) would apply every update: the parent's model must stay untouched, and the trained
+    # weights must equal single-process training, not a doubled update.
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    strategy = dt.connect(accelerator="cpu", strategy="ddp_spawn", devices=2)
+    result = strategy.launcher.launch(train_given_model, strategy, model, 3)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
+    for name, value in _reference(3).items():
+        torch.testing.assert_close(result[name], value, rtol=1e-5, atol=1e-6)

@@ -73,6 +73,15 @@ def test_a_failing_rank_zero_leaves_no_orphans(tmp_path: Path) -> None:
     assert not _alive(child_pid), "rank 1 outlived the job"
 
 
+@pytest.mark.parametrize("launch", ["script", "drivetrain launch"])
+def test_the_process_group_can_be_set_up_again_after_teardown(tmp_path: Path, launch: str) -> None:
+    prefix = [] if launch == "script" else ["-m", "drivetrain", "launch", "-n", "2"]
+    result = run_script([*prefix, str(JOB), "resetup", str(tmp_path)], timeout=90)
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    assert lines == [f"rank={rank} attempt={attempt} sum=3.0" for rank in (0, 1) for attempt in range(3)]
+
+
 def test_script_command_reruns_scripts_and_modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("")

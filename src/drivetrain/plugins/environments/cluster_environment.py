@@ -69,6 +69,10 @@ class ClusterEnvironment(ABC):
     def teardown(self) -> None:
         """Undo what the environment changed in this process."""
 
+    def rendezvous_namespace(self) -> str:
+        """A key prefix that tells apart the rendezvous of successive attempts of one job (elastic restarts)."""
+        return ""
+
     @property
     def uses_agent_store(self) -> bool:
         """Whether ranks rendezvous through a store the launcher's agent already runs (torchrun)."""

@@ -54,6 +54,10 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """Whether torchrun's agent already runs the TCP store on ``MASTER_PORT`` (ranks only connect)."""
         return env.get_str("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
+    def rendezvous_namespace(self) -> str:
+        """The restart attempt: the agent's store outlives restarts, so each attempt needs its own keys."""
+        return f"attempt{env.get_str('TORCHELASTIC_RESTART_COUNT') or 0}"
+
     @staticmethod
     def detect() -> bool:
         """True under torchrun (``TORCHELASTIC_RUN_ID`` is set)."""

@@ -101,13 +101,15 @@ class MultiprocessingLauncher(Launcher):
         strategy = self._strategy
         environment = strategy.cluster_environment
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
+        # Pickled here with the standard pickler: torch's multiprocessing pickler would move CPU tensors
+        # (the user's model) into shared memory, and every rank would then update the same weights.
+        # Forked ranks copy the parent's memory instead and need no pickling at all.
+        work = (strategy, function, args, kwargs)
+        payload: bytes | tuple[Any, ...] = work if self._start_method == "fork" else pickle.dumps(work)
         process_context = mp.start_processes(
             _run_rank,
             args=(
-                strategy,
-                function,
-                args,
-                kwargs,
+                payload,
                 result_path,
                 node_rank,
                 num_processes,
@@ -124,10 +126,12 @@ class MultiprocessingLauncher(Launcher):
             while not process_context.join():
                 pass
         except mp.ProcessRaisedException as error:
-            rank = node_rank * num_processes + error.error_index
-            raise ProcessFailedError(
-                f"rank {rank} (pid {error.error_pid}) failed:\n{error.msg}", rank=rank
-            ) from None
+            # torch reports whichever failed rank it noticed first; when a rank raised and its peers
+            # then failed in a collective, the earliest error file names the rank that started it.
+            index, trace = _earliest_error(process_context.error_files) or (error.error_index, error.msg)
+            rank = node_rank * num_processes + index
+            pid = process_context.processes[index].pid
+            raise ProcessFailedError(f"rank {rank} (pid {pid}) failed:\n{trace}", rank=rank) from None
         except mp.ProcessExitedException as error:
             rank = node_rank * num_processes + error.error_index
             how = (
@@ -142,10 +146,7 @@ class MultiprocessingLauncher(Launcher):
 
 def _run_rank(
     local_rank: int,
-    strategy: ParallelStrategy,
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    payload: bytes | tuple[Any, ...],
     result_path: str,
     node_rank: int,
     num_processes: int,
@@ -166,6 +167,7 @@ def _run_rank(
     )
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+    strategy, function, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
     # The parent hosts the store, so every rank (rank 0 included) joins it as a client.
     strategy._rendezvous_store = dist.TCPStore(
         main_address, main_port, num_nodes * num_processes, is_master=False, timeout=strategy.timeout
@@ -174,6 +176,22 @@ def _run_rank(
     if node_rank == 0 and local_rank == 0:
         with open(result_path, "wb") as file:
             pickle.dump(move_to_device(result, "cpu"), file)
+
+
+def _earliest_error(error_files: list[str]) -> tuple[int, str] | None:
+    """The local index and traceback of the rank whose error file was written first."""
+    written = []
+    for index, path in enumerate(error_files):
+        try:
+            if os.path.getsize(path) > 0:
+                written.append((os.stat(path).st_mtime_ns, index, path))
+        except OSError:
+            continue
+    if not written:
+        return None
+    _, index, path = min(written)
+    with open(path, "rb") as file:
+        return index, f"\n{pickle.load(file)}"
 
 
 def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """A 2-process DDP job started by drivetrain's re-run-the-script launcher, with failure modes.
 
 Usage: python ddp_job.py MODE PIDFILE_DIR
-MODE: ok | raise-on-1 | raise-on-0 | sigkill-1-while-0-computes
+MODE: ok | raise-on-1 | raise-on-0 | sigkill-1-while-0-computes | resetup
 """
 
 import os
@@ -24,7 +24,18 @@ def say(line: str) -> None:
 strategy = dt.connect(accelerator="cpu", strategy="ddp", devices=2)
 
 
+def resetup() -> None:
+    # fit, then test: the process group is set up and torn down several times in one job
+    for attempt in range(3):
+        strategy.setup_environment()
+        total = strategy.all_reduce(torch.tensor([float(strategy.global_rank + 1)]), reduce_op="sum").item()
+        say(f"rank={strategy.global_rank} attempt={attempt} sum={total}")
+        strategy.teardown()
+
+
 def run() -> None:
+    if mode == "resetup":
+        return resetup()
     strategy.setup_environment()
     rank = strategy.global_rank
     (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
