@@ -1,0 +1,168 @@
+"""Log metrics to a CSV file and hyperparameters to a YAML file, on the local file system.
+
+Files go to ``save_dir/name/version_N/``: ``metrics.csv`` (one row per logging call, a ``step``
+column and one column per metric; new metrics widen the table) and ``hparams.yaml``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from drivetrain.loggers.logger import (
+    Logger,
+    check_version,
+    metrics_to_floats,
+    next_version,
+    params_to_dict,
+    plain_value,
+    run_directory,
+)
+
+METRICS_FILE = "metrics.csv"
+HPARAMS_FILE = "hparams.yaml"
+
+
+class CSVLogger(Logger):
+    """Write metrics to ``metrics.csv`` and hyperparameters to ``hparams.yaml``.
+
+    Args:
+        save_dir: the root folder.
+        name: the experiment's folder under ``save_dir`` (``None`` or ``""``: none).
+        version: ``None`` picks the next free ``version_N``; an int ``N`` means ``version_N``;
+            a string is used as the folder name.
+        prefix: put in front of every metric name.
+        flush_logs_every_n_steps: buffer this many ``log_metrics`` calls before writing.
+
+    Example:
+        >>> logger = CSVLogger("runs", name="digits")  # doctest: +SKIP
+        >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
+        >>> logger.finalize("success")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        save_dir: str | Path,
+        name: str | None = "drivetrain_logs",
+        version: int | str | None = None,
+        *,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        if not isinstance(save_dir, (str, Path)):
+            raise TypeError(f"save_dir= expects a path, got {type(save_dir).__name__} ({save_dir!r}).")
+        if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int):
+            raise TypeError(f"flush_logs_every_n_steps= expects an int, got {flush_logs_every_n_steps!r}.")
+        if flush_logs_every_n_steps < 1:
+            raise ValueError(f"flush_logs_every_n_steps={flush_logs_every_n_steps}; use 1 or more.")
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
+        self._version = check_version(version)
+        self._prefix = prefix
+        self._flush_every = flush_logs_every_n_steps
+        self._rows: list[dict[str, Any]] = []
+        self._columns: list[str] = []
+        self._hparams: dict[str, Any] = {}
+        self._written_rows = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(os.path.join(self._save_dir, self._name))
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    def root_dir(self) -> str:
+        """``save_dir/name``: where the versions of this experiment live."""
+        return os.path.join(self._save_dir, self._name)
+
+    @property
+    def log_dir(self) -> str:
+        return run_directory(self._save_dir, self._name, self.version)
+
+    @property
+    def metrics_file_path(self) -> str:
+        return os.path.join(self.log_dir, METRICS_FILE)
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
+        """Merge ``params`` into ``hparams.yaml`` (written at once)."""
+        params = params_to_dict(params)
+        if not self._writes_here():
+            return
+        self._hparams.update(plain_value(params))
+        os.makedirs(self.log_dir, exist_ok=True)
+        write_hparams_file(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Buffer a row of ``metrics`` at ``step``; rows are written every ``flush_logs_every_n_steps`` calls."""
+        values = metrics_to_floats(metrics)
+        if not self._writes_here():
+            return
+        row: dict[str, Any] = {f"{self._prefix}{k}": v for k, v in values.items()}
+        row["step"] = step if step is not None else len(self._rows) + self._written_rows
+        self._rows.append(row)
+        if len(self._rows) >= self._flush_every:
+            self.save()
+
+    def save(self) -> None:
+        """Write the buffered rows to ``metrics.csv``."""
+        if not self._rows or not self._writes_here():
+            return
+        os.makedirs(self.log_dir, exist_ok=True)
+        new_columns = [k for row in self._rows for k in row if k not in self._columns]
+        path = self.metrics_file_path
+        if new_columns or not os.path.exists(path):
+            # The header must name every column, so a wider table means rewriting the file.
+            previous = _read_rows(path) if self._columns and os.path.exists(path) else []
+            self._columns = _ordered_columns(self._columns, new_columns)
+            with open(path, "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self._columns)
+                writer.writeheader()
+                writer.writerows(previous)
+                writer.writerows(self._rows)
+        else:
+            with open(path, "a", newline="") as file:
+                csv.DictWriter(file, fieldnames=self._columns).writerows(self._rows)
+        self._written_rows += len(self._rows)
+        self._rows = []
+
+    def finalize(self, status: str) -> None:
+        self.save()
+
+
+def _ordered_columns(existing: list[str], new: list[str]) -> list[str]:
+    seen = dict.fromkeys(existing + new)
+    seen.pop("step", None)
+    return ["step", *sorted(seen)]
+
+
+def _read_rows(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def write_hparams_file(path: str, params: Mapping[str, Any]) -> None:
+    """Write ``params`` as YAML (as JSON, which is valid YAML, when PyYAML is not installed)."""
+    try:
+        import yaml
+    except ImportError:
+        text = json.dumps(params, indent=2, sort_keys=False) + "\n"
+    else:
+        text = yaml.safe_dump(dict(params), sort_keys=False)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as file:
+        file.write(text)
+    os.replace(tmp, path)

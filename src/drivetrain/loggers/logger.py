@@ -1,0 +1,179 @@
+"""The experiment-logger interface, and the helpers every logger shares.
+
+A logger receives scalar metrics (``log_metrics``) and the run's hyperparameters
+(``log_hyperparams``) and writes them somewhere. Loggers write from global rank 0 only: the
+Trainer calls them there alone, and the write methods of the built-in loggers also check the
+rank the launcher announced, so a front door that calls them on every rank still writes once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drivetrain.utilities.rank_zero import global_rank
+
+__all__ = ["Logger", "flatten_params", "metrics_to_floats", "next_version", "params_to_dict"]
+
+
+class Logger(ABC):
+    """Base class of experiment loggers.
+
+    Subclasses implement :attr:`name`, :attr:`version`, :meth:`log_metrics` and
+    :meth:`log_hyperparams`; :meth:`save`, :meth:`finalize` and
+    :meth:`after_save_checkpoint` have no-op defaults.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str | None:
+        """The experiment name (the folder under :attr:`save_dir`)."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int | str | None:
+        """The run's version within the experiment."""
+
+    @property
+    def save_dir(self) -> str | None:
+        """The root folder the logger writes under, if it writes files."""
+        return None
+
+    @property
+    def log_dir(self) -> str | None:
+        """The folder of this run (``save_dir/name/version_N``), if the logger writes files."""
+        return None
+
+    @abstractmethod
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Record scalar ``metrics`` at ``step``."""
+
+    @abstractmethod
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+        """Record the run's hyperparameters."""
+
+    def save(self) -> None:
+        """Flush what is buffered."""
+
+    def finalize(self, status: str) -> None:
+        """Finish the run (``status`` is ``"success"``, ``"failed"`` or ``"aborted"``); flushes by default."""
+        self.save()
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called after a checkpoint was written (loggers that upload checkpoints override it)."""
+
+    @staticmethod
+    def _writes_here() -> bool:
+        return global_rank() == 0
+
+
+def next_version(root: str | Path) -> int:
+    """The first ``N`` such that ``root/version_N`` does not exist yet (0 for a new experiment)."""
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    taken = []
+    for entry in root.iterdir():
+        match = re.fullmatch(r"version_(\d+)", entry.name)
+        if match and entry.is_dir():
+            taken.append(int(match.group(1)))
+    return max(taken) + 1 if taken else 0
+
+
+def run_directory(save_dir: str | Path, name: str | None, version: int | str) -> str:
+    """``save_dir/name/version_N`` (``version`` as given when it is a string)."""
+    folder = version if isinstance(version, str) else f"version_{version}"
+    parts = [os.fspath(save_dir)] + ([name] if name else []) + [folder]
+    return os.path.join(*parts)
+
+
+def check_version(version: Any) -> int | str | None:
+    if (
+        version is None
+        or isinstance(version, str)
+        or (isinstance(version, int) and not isinstance(version, bool))
+    ):
+        if isinstance(version, int) and version < 0:
+            raise ValueError(
+                f"version={version} is negative; use a version number >= 0, a folder name, or None."
+            )
+        return version
+    raise TypeError(
+        f"version= expects None (the next free version), an int or a folder name, got {type(version).__name__} "
+        f"({version!r})."
+    )
+
+
+def params_to_dict(params: Any) -> dict[str, Any]:
+    """Hyperparameters as a plain dict: accepts mappings, ``argparse.Namespace`` and dataclasses."""
+    if params is None:
+        return {}
+    if isinstance(params, Namespace):
+        return dict(vars(params))
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return dataclasses.asdict(params)
+    if isinstance(params, Mapping):
+        return dict(params)
+    raise TypeError(
+        f"log_hyperparams expects a dict, an argparse.Namespace or a dataclass instance, got "
+        f"{type(params).__name__} ({params!r})."
+    )
+
+
+def plain_value(value: Any) -> Any:
+    """A value a YAML/JSON file can hold: nested containers kept, other objects by their ``str``."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): plain_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def flatten_params(params: Mapping[str, Any], separator: str = "/") -> dict[str, Any]:
+    """Flatten nested mappings into ``outer/inner`` keys with plain scalar values."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        value = plain_value(value)
+        if isinstance(value, dict) and value:
+            for inner, inner_value in flatten_params(value, separator).items():
+                flat[f"{key}{separator}{inner}"] = inner_value
+        else:
+            flat[str(key)] = value
+    return flat
+
+
+def metrics_to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Check and convert logged values (numbers or one-element tensors) to floats."""
+    converted: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"The metric {key!r} is a tensor of shape {tuple(value.shape)}; loggers record scalars. "
+                    f"Reduce it first (e.g. .mean()) or log its elements under separate names."
+                )
+            converted[key] = float(value.item())
+        elif (isinstance(value, (int, float)) and not isinstance(value, bool)) or isinstance(value, bool):
+            converted[key] = float(value)
+        else:
+            raise TypeError(
+                f"The metric {key!r} has the value {value!r} of type {type(value).__name__}; loggers record "
+                f"numbers and one-element tensors."
+            )
+    return converted
