@@ -1,0 +1,290 @@
+"""The prepared data loader: one-batch look-ahead, device placement, epochs and a resumable position.
+
+:class:`PreparedDataLoader` is a ``torch.utils.data.DataLoader`` (so code that checks for one
+keeps working) that
+
+* fetches one batch ahead, so that while the last batch is in use :attr:`end_of_dataloader` is
+  already true (gradient accumulation syncs there; metrics drop the repeated items there);
+* puts each batch on the strategy's device;
+* at the start of each epoch, copies rank 0's generator states to every process (``rng_types``)
+  and tells epoch-aware samplers and datasets the epoch;
+* knows its position: :meth:`state_dict` records the epoch, the batches handed out in it and the
+  generator states at its start, and after :meth:`load_state_dict` the next iteration continues
+  with the next unseen batch of that same epoch.
+
+Subclasses decide where a process's batches come from: :class:`ShardedDataLoader` (each process
+loads its own share, chosen at the batch-sampler level) and
+:class:`~drivetrain.data.dispatch.DispatchingDataLoader` (rank 0 loads, the others receive).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from drivetrain.data import rng
+from drivetrain.strategies.strategy import Strategy
+
+
+class ActiveLoaders:
+    """The prepared loaders being iterated right now, innermost last (an evaluation loop inside
+    a training loop makes two). A front door owns one and hands it to the loaders it prepares."""
+
+    __slots__ = ("stack",)
+
+    def __init__(self) -> None:
+        #: The loaders, innermost last (read it; change it through push/remove).
+        self.stack: list[PreparedDataLoader] = []
+
+    def push(self, loader: PreparedDataLoader) -> None:
+        self.stack.append(loader)
+
+    def remove(self, loader: PreparedDataLoader) -> None:
+        for index in range(len(self.stack) - 1, -1, -1):
+            if self.stack[index] is loader:
+                del self.stack[index]
+                return
+
+    @property
+    def current(self) -> PreparedDataLoader | None:
+        """The innermost loader being iterated, if any."""
+        return self.stack[-1] if self.stack else None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the innermost loader has handed out its last batch of the epoch."""
+        return bool(self.stack) and self.stack[-1].end_of_dataloader
+
+
+def loader_settings(dataloader: DataLoader) -> dict[str, Any]:
+    """The worker, collation and memory settings of ``dataloader``, to build its replacement with."""
+    settings: dict[str, Any] = {
+        "num_workers": dataloader.num_workers,
+        "collate_fn": dataloader.collate_fn,
+        "pin_memory": dataloader.pin_memory,
+        "timeout": dataloader.timeout,
+        "worker_init_fn": dataloader.worker_init_fn,
+        "multiprocessing_context": dataloader.multiprocessing_context,
+        "persistent_workers": dataloader.persistent_workers,
+    }
+    if hasattr(dataloader, "in_order"):  # torch >= 2.6
+        settings["in_order"] = dataloader.in_order
+    if dataloader.num_workers > 0:
+        settings["prefetch_factor"] = dataloader.prefetch_factor
+    if getattr(dataloader, "pin_memory_device", ""):
+        settings["pin_memory_device"] = dataloader.pin_memory_device
+    return settings
+
+
+class PreparedDataLoader(DataLoader):
+    """Base of the prepared loaders; see the module docstring. Built by
+    :func:`~drivetrain.data.prepare_data_loader`, not directly."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        strategy: Strategy,
+        original: DataLoader,
+        rng_types: Sequence[str],
+        sampler_generator: torch.Generator | None,
+        place: Callable[[Any], Any] | None,
+        active_loaders: ActiveLoaders | None,
+        per_process_batch_size: int | None,
+        total_batch_size: int | None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **dataloader_kwargs)
+        self._strategy = strategy
+        self._rng_types = tuple(rng_types)
+        self._sampler_generator = sampler_generator
+        self._place = place
+        self._active = active_loaders
+        self._total_batch_size = total_batch_size
+        self._epoch_aware = [
+            target.set_epoch
+            for target in _epoch_targets(original)
+            if callable(getattr(target, "set_epoch", None))
+        ]
+        # DataLoader refuses these after construction; keep the user's values visible (read-only).
+        object.__setattr__(self, "batch_size", per_process_batch_size)
+        object.__setattr__(self, "drop_last", original.drop_last)
+        object.__setattr__(self, "sampler", original.sampler)
+        #: The loader this one replaces.
+        self.base_dataloader = original
+        #: True while the last batch of the epoch is in use.
+        self.end_of_dataloader = False
+        #: Repeated items in the final (gathered) round of the epoch, known once it is reached.
+        self.padding = 0
+        self._epoch = 0
+        # Counted per batch: a slotted holder, since DataLoader.__setattr__ is slow Python code.
+        self._position = _Position()
+        self._in_epoch = False
+        self._resume_at: int | None = None
+        self._epoch_start: dict[str, torch.Tensor] = {}
+
+    # -- what subclasses provide -------------------------------------------------------------
+    def _source(self, start_at: int) -> Iterator[Any]:
+        """This process's batches for one epoch, starting with its ``start_at``-th batch."""
+        raise NotImplementedError
+
+    def _final_padding(self) -> int:
+        """Repeated items in the final round, read once the source is exhausted."""
+        return 0
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        start_at = self._begin_epoch()
+        active = self._active
+        if active is not None:
+            active.push(self)
+        place = self._place
+        position = self._position
+        try:
+            source = self._source(start_at)
+            try:
+                current = next(source)
+            except StopIteration:
+                self._end_epoch()
+                return
+            if place is not None:
+                current = place(current)
+            for upcoming in source:
+                if place is not None:
+                    upcoming = place(upcoming)
+                position.yielded += 1
+                yield current
+                current = upcoming
+            self.padding = self._final_padding()
+            self.end_of_dataloader = True
+            position.yielded += 1
+            yield current
+            self._end_epoch()
+        finally:
+            if active is not None:
+                active.remove(self)
+
+    def _begin_epoch(self) -> int:
+        self.end_of_dataloader = False
+        self.padding = 0
+        start_at, self._resume_at = self._resume_at, None
+        if start_at is None:
+            # A resumed epoch continues with the states it started with; a new one starts in step.
+            rng.synchronize(self._strategy, self._rng_types, self._sampler_generator)
+            start_at = 0
+        self._epoch_start = self._generator_states()
+        for set_epoch in self._epoch_aware:
+            set_epoch(self._epoch)
+        self._position.yielded = start_at
+        self._in_epoch = True
+        return start_at
+
+    def _end_epoch(self) -> None:
+        self._in_epoch = False
+        self._position.yielded = 0
+        self._epoch += 1
+
+    # -- epochs and position ---------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated (or the next one, between epochs)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch number given to epoch-aware samplers and datasets (like ``DistributedSampler``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}.")
+        self._epoch = epoch
+        for set_epoch in self._epoch_aware:
+            set_epoch(epoch)
+
+    def start_next_epoch_at(self, batch: int) -> None:
+        """Make the next iteration begin with this process's ``batch``-th batch (0-based), once."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise ValueError(f"The number of batches to skip must be an int >= 0, got {batch!r}.")
+        self._resume_at = batch
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Items per step across all processes (``None`` when batch sizes vary)."""
+        return self._total_batch_size
+
+    @property
+    def remainder(self) -> int:
+        """Real items in the final round once it is reached (``-1`` before that or when unknown)."""
+        if not self.end_of_dataloader or self._total_batch_size is None:
+            return -1
+        return self._total_batch_size - self.padding
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process stands: epoch, batches handed out in it, generator states at its start."""
+        return {
+            "epoch": self._epoch,
+            "in_epoch": self._in_epoch,
+            "batches_yielded": self._position.yielded if self._in_epoch else 0,
+            "generators": self._epoch_start if self._in_epoch else self._generator_states(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s position at the next iteration."""
+        self._epoch = int(state["epoch"])
+        self._set_generator_states(state.get("generators", {}))
+        self._resume_at = int(state["batches_yielded"]) if state.get("in_epoch") else None
+
+    def _generator_states(self) -> dict[str, torch.Tensor]:
+        states = {}
+        if self._sampler_generator is not None:
+            states["sampler"] = self._sampler_generator.get_state()
+        if self.generator is not None:
+            states["loader"] = self.generator.get_state()
+        return states
+
+    def _set_generator_states(self, states: dict[str, torch.Tensor]) -> None:
+        if "sampler" in states and self._sampler_generator is not None:
+            self._sampler_generator.set_state(states["sampler"])
+        if "loader" in states and self.generator is not None:
+            self.generator.set_state(states["loader"])
+
+
+class _Position:
+    __slots__ = ("yielded",)
+
+    def __init__(self) -> None:
+        self.yielded = 0
+
+
+class ShardedDataLoader(PreparedDataLoader):
+    """Every process loads its own batches: a share of the batch sampler's (map-style data), or of
+    each chunk of items (iterable data, through :class:`~drivetrain.data.IterableDatasetShard`)."""
+
+    def _source(self, start_at: int) -> Iterator[Any]:
+        index_sampler: Any = self.batch_sampler
+        if start_at and hasattr(index_sampler, "start_at"):
+            index_sampler.start_at = start_at  # skipped as indices: nothing is loaded
+            return DataLoader.__iter__(self)
+        batches = DataLoader.__iter__(self)
+        for _ in itertools.islice(batches, start_at):
+            pass  # iterable data has no indices to skip: read and drop
+        return batches
+
+    def _final_padding(self) -> int:
+        source = self.batch_sampler if hasattr(self.batch_sampler, "padding") else self.dataset
+        return int(getattr(source, "padding", 0))
+
+
+def _epoch_targets(original: DataLoader) -> list[Any]:
+    """The objects of ``original`` that may want ``set_epoch``: sampler, batch sampler, dataset."""
+    targets: list[Any] = []
+    for candidate in (
+        getattr(original.batch_sampler, "sampler", None),
+        original.batch_sampler,
+        original.sampler,
+        original.dataset,
+    ):
+        if candidate is not None and all(candidate is not seen for seen in targets):
+            targets.append(candidate)
+    return targets

@@ -1,0 +1,98 @@
+"""Kwargs handlers: Accelerate's way to pass options to the objects the Accelerator creates.
+
+Each handler is a dataclass whose fields mirror the options of one PyTorch object; only the fields
+a user changed from their defaults are passed on (:meth:`KwargsHandler.to_kwargs`), so PyTorch's
+own defaults apply otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from enum import Enum
+from typing import Any
+
+
+class KwargsHandler:
+    """Base of the kwargs handlers: turns the changed fields of a dataclass into keyword arguments."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields whose values differ from the class defaults."""
+        defaults = {f.name: _default(f) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {
+            name: value
+            for name, value in dataclasses.asdict(self).items()  # type: ignore[call-overload]
+            if value != defaults[name]
+        }
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+class DDPCommunicationHookType(str, Enum):
+    """Gradient communication hooks of ``DistributedDataParallel`` (only ``"no"`` is supported)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+@dataclasses.dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Options for ``torch.nn.parallel.DistributedDataParallel`` (see its documentation).
+
+    Example:
+        >>> from drivetrain.utils import DistributedDataParallelKwargs
+        >>> DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs()
+        {'find_unused_parameters': True}
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
+    comm_state_option: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Options for the ``torch.amp.GradScaler`` used with ``mixed_precision="fp16"``."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclasses.dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Options for the process group: ``backend`` and ``timeout`` (also the rendezvous timeout).
+
+    ``init_method`` is accepted for compatibility only as ``None``: the cluster environment says
+    where processes meet.
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: datetime.timedelta | None = None
+
+
+@dataclasses.dataclass
+class AutocastKwargs(KwargsHandler):
+    """Options for ``torch.autocast`` in mixed precision: ``enabled`` and ``cache_enabled``."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
