@@ -1,0 +1,407 @@
+"""``drivetrain.Accelerator``: the Accelerate-style training-loop API on the drivetrain core.
+
+A script written for ``accelerate.Accelerator`` runs after changing its import. Every setting
+resolves through :func:`drivetrain.connect` into one Strategy, and everything the Accelerator
+does with hardware, processes and precision goes through that strategy. Each Accelerator keeps
+its own state (no process-wide singleton).
+
+Launch: under ``drivetrain launch`` / ``torchrun`` / SLURM the Accelerator joins the processes
+the launcher started. In a plain ``python train.py`` with ``devices=N`` it starts the other
+``N - 1`` processes itself by re-running the script (this process continues as rank 0); with
+``strategy="ddp_spawn"``/``"ddp_fork"`` run the training function with :meth:`launch`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from drivetrain.data import PreparedDataLoader, validate_rng_types
+from drivetrain.facade import settings, tracking
+from drivetrain.facade.persistence import Persistence
+from drivetrain.facade.precision import autocast_context
+from drivetrain.facade.preparation import Preparation
+from drivetrain.facade.tracking import Tracking
+from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
+from drivetrain.strategies import Strategy
+from drivetrain.strategies.launchers import SubprocessScriptLauncher
+from drivetrain.utils.configuration import (
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from drivetrain.utils.kwargs_handlers import AutocastKwargs
+
+_NO_CONTEXT = nullcontext()
+_latest: weakref.ref[Accelerator] | None = None
+
+
+def current_strategy() -> Strategy | None:
+    """The strategy of the most recently created live Accelerator in this process, if any."""
+    accelerator = _latest() if _latest is not None else None
+    return accelerator.strategy if accelerator is not None else None
+
+
+class Accelerator(Preparation, Persistence, Tracking):
+    """Prepare models, optimizers, schedulers and data loaders for any hardware and number of processes.
+
+    Accelerate's arguments:
+        device_placement: put prepared models and batches on the device.
+        split_batches: cut each batch into one slice per process (the batch size is global).
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (``fp16=True`` means ``"fp16"``).
+        gradient_accumulation_steps: batches per optimizer step (use with :meth:`accumulate`).
+        cpu: run on the CPU (``accelerator="cpu"``); under a launcher it still joins all processes.
+        dataloader_config: a :class:`~drivetrain.utils.DataLoaderConfiguration`.
+        rng_types: generators to synchronise at each epoch start besides the sampler's own:
+            ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``, ``"generator"``.
+        log_with: trackers: ``"tensorboard"``, ``"csv"``, ``"all"`` or drivetrain loggers.
+        project_dir / project_config: where logs and automatic checkpoints go.
+        gradient_accumulation_plugin: a :class:`~drivetrain.utils.GradientAccumulationPlugin`.
+        step_scheduler_with_optimizer: step prepared schedulers with the optimizer (``False``: on
+            every call, for epoch-based schedules).
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (only changed fields are applied).
+        dispatch_batches / even_batches: as in ``DataLoaderConfiguration``.
+
+    drivetrain's arguments (as for :func:`drivetrain.connect`):
+        accelerator, strategy, devices (``None``: ``"auto"``), num_nodes, precision, plugins.
+
+    Raises:
+        TypeError, ValueError: a setting that cannot work, with how to fix it.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        rng_types: Sequence[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Sequence[Any] | None = None,
+        fp16: bool | None = None,
+        dispatch_batches: bool | None = None,
+        even_batches: bool | None = None,
+        accelerator: Any = "auto",
+        strategy: Any = "auto",
+        devices: int | str | Sequence[int] | None = None,
+        num_nodes: int = 1,
+        precision: Any = None,
+        plugins: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+    ) -> None:
+        global _latest
+        settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
+        self.device_placement = device_placement
+        self.dataloader_config = settings.data_config(
+            dataloader_config, split_batches, dispatch_batches, even_batches
+        )
+        self.rng_types = validate_rng_types(rng_types)
+        self.project_configuration = settings.project_config(project_config, project_dir)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.gradient_state = settings.gradient_state(
+            gradient_accumulation_steps, gradient_accumulation_plugin
+        )
+        handlers = settings.sort_handlers(kwargs_handlers)
+        self.autocast_handler = handlers.autocast
+        self._log_with = tracking.check_log_with(log_with)
+        self.strategy = settings.build_strategy(
+            accelerator=settings.choose_accelerator(accelerator, cpu),
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=settings.choose_precision(mixed_precision, fp16, precision),
+            plugins=plugins,
+            handlers=handlers,
+        )
+        self._models: list[nn.Module] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+        self._prepared: dict[int, tuple[Any, Any]] = {}  # id -> (object, its prepared form): never twice
+        self._backward_module: nn.Module | None = None
+        self._trigger = False
+        self._warned_accumulate = False
+        self._warned_log = False
+        self.trackers: list[Any] = []
+        self._trackers_started = False
+        self._plain_backward = self.strategy.backward_is_plain
+        # Fixed for the run; the strategy's property reads the environment on every call.
+        self._world_size = self.strategy.world_size
+        self._waiting_for_launch = self._start_processes()
+        _latest = weakref.ref(self)
+
+    # -- processes ----------------------------------------------------------------------------
+    def _start_processes(self) -> bool:
+        """Join or start this run's processes; True when they must be started by :meth:`launch`."""
+        strategy = self.strategy
+        launcher = strategy.launcher
+        environment = strategy.cluster_environment
+        if launcher is None or (environment is not None and environment.creates_processes_externally):
+            _set_up(self)
+            return False
+        if isinstance(launcher, SubprocessScriptLauncher):
+            # Re-runs this script for ranks 1..N-1; this process continues as rank 0.
+            launcher.launch(_set_up, self)
+            return False
+        return True
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in every process; returns rank 0's result.
+
+        Needed for strategies that start processes with a function (``"ddp_spawn"``,
+        ``"ddp_fork"``, ``"ddp_notebook"``); elsewhere the processes already run and the function
+        is simply called. With ``"ddp_spawn"`` pass the accelerator as an argument
+        (``accelerator.launch(train, accelerator)``): the new processes receive a copy of it.
+        """
+        if not self._waiting_for_launch:
+            return function(*args, **kwargs)
+        launcher = self.strategy.launcher
+        assert launcher is not None
+        return launcher.launch(_run_in_process, self, function, args, kwargs)
+
+    def _require_processes(self, what: str) -> None:
+        if self._waiting_for_launch:
+            raise RuntimeError(
+                f"Accelerator.{what}() needs the run's processes, which strategy={type(self.strategy).__name__} "
+                f"(start_method={getattr(self.strategy, 'start_method', '?')!r}) starts with a function: put the "
+                f"training code in a function and run it with accelerator.launch(train_function, ...), or use "
+                f"strategy='ddp' (the default), which re-runs the script."
+            )
+
+    # -- what the run looks like ----------------------------------------------------------
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name for how the processes are organised."""
+        names = {cls.__name__ for cls in type(self.strategy).__mro__}
+        for marker, kind in (
+            ("DeepSpeedStrategy", DistributedType.DEEPSPEED),
+            ("FSDPStrategy", DistributedType.FSDP),
+            ("XLAStrategy", DistributedType.XLA),
+        ):
+            if marker in names:
+                return kind
+        if self.strategy.world_size == 1:
+            return DistributedType.NO
+        device_type = self.device.type
+        return {
+            "cuda": DistributedType.MULTI_GPU,
+            "xpu": DistributedType.MULTI_XPU,
+            "mps": DistributedType.MULTI_MPS,
+        }.get(device_type, DistributedType.MULTI_CPU)
+
+    @property
+    def mixed_precision(self) -> str:
+        """``"no"``, ``"fp16"``, ``"bf16"``, or drivetrain's name for other precisions."""
+        name = self.strategy.precision.name
+        return {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16"}.get(name, name)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets."""
+        return self.project_configuration.iteration
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.num_steps = settings.check_steps(steps)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False while gradients are being accumulated (optimizer steps are skipped)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = bool(value)
+
+    @property
+    def step(self) -> int:
+        """Batches accumulated since the last optimizer step."""
+        return self.gradient_state.step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the latest optimizer step was skipped (fp16 gradients overflowed)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # -- the training step -------------------------------------------------------------------
+    def backward(self, loss: Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` through the strategy (loss scaling), divided by the accumulation steps."""
+        steps = self.gradient_state.num_steps
+        if steps > 1:
+            if not self._warned_accumulate and not self.gradient_state.accumulate_called:
+                self._warned_accumulate = True
+                warnings.warn(
+                    f"gradient_accumulation_steps={steps}, but the loop does not use `with accelerator.accumulate"
+                    f"(model):`, so the optimizer steps at every batch with the loss divided by {steps}. Wrap the "
+                    f"step in accelerator.accumulate(model).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            loss = loss / steps
+        if self._plain_backward:
+            loss.backward(**kwargs)
+        else:
+            self.strategy.backward(loss, self._backward_module, **kwargs)
+
+    def accumulate(self, *models: nn.Module) -> AbstractContextManager[Any]:
+        """Context for one batch of gradient accumulation.
+
+        Counts the batch; unless it completes ``gradient_accumulation_steps`` batches (or is the
+        data loader's last), gradients are not all-reduced and prepared optimizers and schedulers
+        skip their steps.
+        """
+        state = self.gradient_state
+        state.accumulate_called = True
+        # Inlined (no helper calls): this runs at every batch and the bar is a few microseconds.
+        loaders = state.loaders.stack
+        if state.sync_with_dataloader and loaders and loaders[-1].end_of_dataloader:
+            state.step = 0
+            sync = True
+        else:
+            step = state.step + 1
+            state.step = step
+            sync = step % state.num_steps == 0
+        state.sync_gradients = sync
+        if sync or state.sync_each_batch or self._world_size == 1:
+            return _NO_CONTEXT
+        stack = ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_backward_sync(model))
+        return stack
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        """Context in which backward passes do not all-reduce ``model``'s gradients."""
+        return self.strategy.no_backward_sync(model)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
+        """The precision's forward context (autocast for mixed precision), for code outside ``forward``."""
+        precision = self.strategy.precision
+        if autocast_handler is None:
+            return precision.forward_context()
+        if precision.name not in ("16-mixed", "bf16-mixed"):
+            warnings.warn(
+                f"autocast({autocast_handler!r}) has no effect: precision {precision.name!r} does not autocast.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return autocast_context(precision, autocast_handler.to_kwargs())
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[Tensor] | Tensor, max_norm: float, norm_type: float = 2
+    ) -> Tensor:
+        """Clip the gradients' total norm (unscaling fp16 gradients first); returns the norm before clipping."""
+        params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+        owner, model = self._optimizer_of(params)
+        if owner is not None and model is not None:
+            return self.strategy.clip_gradients_norm(
+                model, owner.optimizer, max_norm, norm_type, error_if_nonfinite=False
+            )
+        self._check_clip_target("clip_grad_norm_")
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
+        """Clip every gradient to ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
+        params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+        owner, model = self._optimizer_of(params)
+        if owner is not None and model is not None:
+            self.strategy.clip_gradients_value(model, owner.optimizer, clip_value)
+            return
+        self._check_clip_target("clip_grad_value_")
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+
+    def _optimizer_of(self, params: list[Tensor]) -> tuple[PreparedOptimizer | None, nn.Module | None]:
+        """The prepared optimizer of exactly ``params``, and its model, so the strategy can clip."""
+        ids = {id(p) for p in params}
+        for optimizer in self._optimizers:
+            if ids == {id(p) for group in optimizer.param_groups for p in group["params"]}:
+                return optimizer, optimizer._model or self._backward_module
+        return None, None
+
+    def _check_clip_target(self, what: str) -> None:
+        if self.strategy.requires_joint_setup:
+            raise ValueError(
+                f"{what} with {type(self.strategy).__name__} needs exactly the parameters of one prepared optimizer "
+                f"(usually model.parameters())."
+            )
+
+    def unscale_gradients(self, optimizer: Optimizer | list[Optimizer] | None = None) -> None:
+        """Divide fp16 gradients by the loss scale (before looking at them); safe to call twice."""
+        chosen = (
+            self._optimizers
+            if optimizer is None
+            else optimizer
+            if isinstance(optimizer, list)
+            else [optimizer]
+        )
+        for opt in chosen:
+            self.strategy.precision.unscale_gradients(
+                opt.optimizer if isinstance(opt, PreparedOptimizer) else opt
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(strategy={type(self.strategy).__name__}, device={self.device}, "
+            f"num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r})"
+        )
+
+
+def _set_up(accelerator: Accelerator) -> None:
+    """Set up this process for the accelerator's strategy (the strategy releases its group at exit)."""
+    accelerator.strategy.setup_environment()
+
+
+def _run_in_process(
+    accelerator: Accelerator, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The body of each process started by :meth:`Accelerator.launch`."""
+    global _latest
+    accelerator._waiting_for_launch = False
+    _set_up(accelerator)
+    _latest = weakref.ref(accelerator)
+    return function(*args, **kwargs)

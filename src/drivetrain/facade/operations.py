@@ -1,0 +1,216 @@
+"""Collective operations on nested data, as the Accelerator offers them.
+
+Each function takes the strategy that does the talking and data that may be a tensor, a plain
+object, or a tuple/list/dict/dataclass of them. With one process every function returns its
+input (or a copy) without communicating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from drivetrain.strategies.strategy import Strategy
+
+REDUCTIONS = ("sum", "mean", "none")
+
+
+def map_tensors(data: Any, function: Callable[[Tensor], Any], operation: str) -> Any:
+    """``data`` with ``function`` applied to every tensor; any other leaf is a ``TypeError``."""
+    if isinstance(data, Tensor):
+        return function(data)
+    if isinstance(data, Mapping):
+        return type(data)({key: map_tensors(value, function, operation) for key, value in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(map_tensors(value, function, operation) for value in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_tensors(value, function, operation) for value in data)
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.replace(
+            data,
+            **{
+                f.name: map_tensors(getattr(data, f.name), function, operation)
+                for f in dataclasses.fields(data)
+                if f.init
+            },
+        )
+    raise TypeError(
+        f"{operation} works on tensors and tuples/lists/dicts/dataclasses of tensors, but found a "
+        f"{type(data).__name__} ({data!r:.80}). Gather Python objects with gather_object (or "
+        f"gather_for_metrics(..., use_gather_object=True))."
+    )
+
+
+def gather(strategy: Strategy, data: Any) -> Any:
+    """Concatenate every tensor of ``data`` from all processes along the first dimension.
+
+    0-dimensional tensors become 1-dimensional (one value per process). Tensors whose shapes or
+    dtypes differ between processes raise a ``ValueError`` naming the ranks (from the strategy).
+    """
+    if strategy.world_size == 1:
+        return map_tensors(data, lambda tensor: tensor, "gather")
+
+    def one(tensor: Tensor) -> Tensor:
+        stacked = strategy.all_gather(tensor)
+        return stacked if tensor.dim() == 0 else stacked.reshape(-1, *tensor.shape[1:])
+
+    return map_tensors(data, one, "gather")
+
+
+def gather_object(strategy: Strategy, obj: Any) -> Any:
+    """Gather picklable objects: lists and tuples are concatenated, anything else listed per process."""
+    if strategy.world_size == 1:
+        return obj
+    gathered = strategy.all_gather_object(obj)
+    if all(isinstance(part, (list, tuple)) for part in gathered):
+        return [item for part in gathered for item in part]
+    return gathered
+
+
+def gather_leaves(strategy: Strategy, data: Any) -> Any:
+    """Gather each leaf of ``data`` its own way: tensors with :func:`gather`, lists of Python
+    values and other objects with :func:`gather_object`; the structure is kept."""
+    if isinstance(data, Tensor):
+        return gather(strategy, data)
+    if isinstance(data, Mapping):
+        return type(data)({key: gather_leaves(strategy, value) for key, value in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, (list, tuple)) and any(_is_structure(item) for item in data):
+        items = [gather_leaves(strategy, value) for value in data]
+        return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.replace(
+            data,
+            **{
+                f.name: gather_leaves(strategy, getattr(data, f.name))
+                for f in dataclasses.fields(data)
+                if f.init
+            },
+        )
+    return gather_object(strategy, data)
+
+
+def _is_structure(item: Any) -> bool:
+    return isinstance(item, (Tensor, Mapping, list, tuple)) or (
+        dataclasses.is_dataclass(item) and not isinstance(item, type)
+    )
+
+
+def drop_repeated(data: Any, count: int) -> Any:
+    """``data`` without its last ``count`` items (tensors with a batch dimension and lists)."""
+    if count <= 0:
+        return data
+    if isinstance(data, Tensor):
+        return data if data.dim() == 0 else data[: max(0, data.shape[0] - count)]
+    if isinstance(data, list) and not any(_is_structure(item) for item in data):
+        return data[: max(0, len(data) - count)]
+    if isinstance(data, Mapping):
+        return type(data)({key: drop_repeated(value, count) for key, value in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(drop_repeated(value, count) for value in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(drop_repeated(value, count) for value in data)
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.replace(
+            data,
+            **{
+                f.name: drop_repeated(getattr(data, f.name), count)
+                for f in dataclasses.fields(data)
+                if f.init
+            },
+        )
+    return data
+
+
+def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sum or average every tensor of ``data`` over all processes (``"none"``: no communication)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(
+            f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, REDUCTIONS))}."
+        )
+
+    def one(tensor: Tensor) -> Tensor:
+        if reduction == "none" or strategy.world_size == 1:
+            result = tensor.clone()
+        else:
+            result = strategy.all_reduce(tensor, reduce_op=reduction)
+        return result * scale if scale != 1.0 else result
+
+    return map_tensors(data, one, "reduce")
+
+
+def pad_across_processes(
+    strategy: Strategy, data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+) -> Any:
+    """Pad every tensor of ``data`` along ``dim`` to its largest size on any process."""
+
+    def one(tensor: Tensor) -> Tensor:
+        if strategy.world_size == 1 or tensor.dim() == 0:
+            return tensor
+        axis = dim + tensor.dim() if dim < 0 else dim
+        if not 0 <= axis < tensor.dim():
+            return tensor
+        sizes = strategy.all_gather(torch.tensor([tensor.shape[axis]], device=tensor.device))
+        longest = int(sizes.max())
+        own = tensor.shape[axis]
+        if own == longest:
+            return tensor
+        shape = list(tensor.shape)
+        shape[axis] = longest
+        padded = tensor.new_full(shape, pad_index)
+        where = slice(longest - own, longest) if pad_first else slice(0, own)
+        padded[(slice(None),) * axis + (where,)] = tensor
+        return padded
+
+    return map_tensors(data, one, "pad_across_processes")
+
+
+@contextmanager
+def split_between_processes(strategy: Strategy, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+    """This process's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them).
+
+    The first ``len % num_processes`` processes get one item more; with ``apply_padding`` the
+    others repeat their last item so every share has the same length.
+    """
+    n, rank = strategy.world_size, strategy.global_rank
+    if n == 1:
+        yield inputs
+        return
+    if isinstance(inputs, Mapping):
+        lengths = {key: _length(value) for key, value in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length, got "
+                f"{lengths}. Split them separately, or make them the same length."
+            )
+        yield type(inputs)({key: _share(value, n, rank, apply_padding) for key, value in inputs.items()})  # type: ignore[call-arg]
+        return
+    yield _share(inputs, n, rank, apply_padding)
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, Tensor):
+        return value.shape[0] if value.dim() else 1
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    raise TypeError(
+        f"split_between_processes splits lists, tuples, tensors and dicts of them, got {type(value).__name__}."
+    )
+
+
+def _share(value: Any, n: int, rank: int, apply_padding: bool) -> Any:
+    length = _length(value)
+    base, extra = divmod(length, n)
+    start = rank * base + min(rank, extra)
+    stop = start + base + (1 if rank < extra else 0)
+    share = value[start:stop]
+    if not apply_padding or not extra or rank < extra or length == 0:
+        return share
+    filler = value[stop - 1 : stop] if stop > start else value[length - 1 : length]
+    if isinstance(value, Tensor):
+        return torch.cat([share, filler])
+    return share + type(value)(filler)

@@ -1,0 +1,248 @@
+"""``Accelerator.prepare`` and friends: what each kind of object becomes for this run.
+
+A mixin of :class:`drivetrain.Accelerator`. Modules are converted to the precision, placed and
+wrapped by the strategy; optimizers and schedulers get the wrappers of
+:mod:`drivetrain.facade.wrappers`; data loaders become
+:class:`~drivetrain.data.PreparedDataLoader`. Every object is prepared at most once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torch.utils.data import DataLoader
+
+from drivetrain.data import PreparedDataLoader, prepare_data_loader
+from drivetrain.facade.process_control import ProcessControl
+from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+from drivetrain.utils.configuration import DataLoaderConfiguration
+
+
+class Preparation(ProcessControl):
+    """``prepare``, ``prepare_model``, ``prepare_optimizer``, ``prepare_scheduler``, ``prepare_data_loader`` (mixin)."""
+
+    dataloader_config: DataLoaderConfiguration
+    device_placement: bool
+    rng_types: tuple[str, ...]
+    step_scheduler_with_optimizer: bool
+    _models: list[nn.Module]
+    _optimizers: list[PreparedOptimizer]
+    _schedulers: list[PreparedScheduler]
+    _dataloaders: list[PreparedDataLoader]
+    _prepared: dict[int, tuple[Any, Any]]
+    _backward_module: nn.Module | None
+
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
+        """Prepare modules, optimizers, LR schedulers and data loaders, in any order.
+
+        Returns them in the same order (one object alone is returned as it is). An object that
+        was prepared before comes back as the same prepared object.
+        """
+        self._require_processes("prepare")
+        placements: list[bool | None] = (
+            list(device_placement) if device_placement is not None else [None] * len(args)
+        )
+        if len(placements) != len(args):
+            raise ValueError(
+                f"device_placement has {len(placements)} entries for {len(args)} objects; give one per object."
+            )
+        result = list(args)
+        models = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
+        optimizers = [i for i, obj in enumerate(args) if isinstance(obj, Optimizer)]
+        if self.strategy.requires_joint_setup and models:
+            self._prepare_jointly(result, models, optimizers, placements)
+        else:
+            for i in models:
+                result[i] = self.prepare_model(args[i], device_placement=placements[i])
+            for i in optimizers:
+                result[i] = self.prepare_optimizer(args[i], device_placement=placements[i])
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                result[i] = self.prepare_scheduler(obj)
+            elif isinstance(obj, DataLoader):
+                result[i] = self.prepare_data_loader(obj, device_placement=placements[i])
+            elif obj is not None and not isinstance(obj, (nn.Module, Optimizer)):
+                warnings.warn(
+                    f"prepare() returns the {type(obj).__name__} it was given unchanged: it prepares modules, "
+                    f"optimizers, LR schedulers and DataLoaders only.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _known(self, obj: Any) -> Any:
+        """What ``obj`` was prepared into (or ``obj`` itself if it is a prepared result), else None."""
+        entry = self._prepared.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
+
+    def _remember(self, result: Any, *keys: Any) -> None:
+        # The key object is kept with the result: an id alone could be reused by a new object.
+        for key in keys:
+            self._prepared[id(key)] = (key, result)
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """Place ``model``, set up its precision and wrap it for the strategy (not with ``evaluation_mode``)."""
+        self._require_processes("prepare_model")
+        known = self._known(model)
+        if known is not None:
+            return known
+        if self.strategy.requires_joint_setup and not evaluation_mode:
+            raise ValueError(
+                f"{type(self.strategy).__name__} sets up a model together with its optimizers: pass them in one "
+                f"call, accelerator.prepare(model, optimizer, ...)."
+            )
+        module = self._convert(model, self.device_placement if device_placement is None else device_placement)
+        wrapped = module if evaluation_mode else self.strategy.setup_module(module)
+        self._register_model(model, wrapped)
+        return wrapped
+
+    def _convert(self, model: nn.Module, place: bool, move: bool = True) -> nn.Module:
+        strategy = self.strategy
+        precision = strategy.precision
+        module = precision.convert_module(model)
+        if place and move:
+            strategy.module_to_device(module)
+        if precision.changes_forward and not isinstance(module.__dict__.get("forward"), PrecisionForward):
+            module.forward = PrecisionForward(module.forward, precision)
+        return module
+
+    def _register_model(self, original: nn.Module, wrapped: nn.Module) -> None:
+        self._models.append(wrapped)
+        self._remember(wrapped, original, wrapped)
+        if self._backward_module is None:
+            self._backward_module = wrapped
+
+    def prepare_optimizer(
+        self, optimizer: Optimizer, device_placement: bool | None = None
+    ) -> PreparedOptimizer:
+        """Wrap ``optimizer`` so it steps through the strategy and respects gradient accumulation."""
+        self._require_processes("prepare_optimizer")
+        known = self._known(optimizer)
+        if known is not None:
+            return known
+        if isinstance(optimizer, PreparedOptimizer):
+            raise ValueError("This optimizer was prepared by another Accelerator; prepare the original one.")
+        if self.strategy.requires_joint_setup:
+            raise ValueError(
+                f"{type(self.strategy).__name__} sets up optimizers together with their model: pass them in one "
+                f"call, accelerator.prepare(model, optimizer, ...)."
+            )
+        raw = self.strategy.setup_optimizer(optimizer)
+        if (self.device_placement if device_placement is None else device_placement) and raw.state:
+            raw.load_state_dict(raw.state_dict())  # moves loaded state next to the (moved) parameters
+        return self._register_optimizer(optimizer, raw, self._owner(raw))
+
+    def _register_optimizer(
+        self, original: Optimizer, raw: Optimizer, model: nn.Module | None
+    ) -> PreparedOptimizer:
+        prepared = PreparedOptimizer(raw, self.strategy, self.gradient_state, model)
+        self._optimizers.append(prepared)
+        self._remember(prepared, original, raw, prepared)
+        return prepared
+
+    def _owner(self, optimizer: Optimizer) -> nn.Module | None:
+        ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for model in self._models:
+            if ids & {id(p) for p in model.parameters()}:
+                return model
+        return None
+
+    def _prepare_jointly(
+        self, result: list[Any], models: list[int], optimizers: list[int], placements: list[bool | None]
+    ) -> None:
+        claimed: set[int] = set()
+        for j in optimizers:
+            known = self._known(result[j])
+            if known is not None:
+                result[j] = known
+                claimed.add(j)
+        optimizers = [j for j in optimizers if j not in claimed]
+        for i in models:
+            model = result[i]
+            known = self._known(model)
+            if known is not None:
+                result[i] = known
+                continue
+            params = {id(p) for p in model.parameters()}
+            mine = [
+                j
+                for j in optimizers
+                if {id(p) for g in result[j].param_groups for p in g["params"]} <= params
+            ]
+            claimed.update(mine)
+            module = self._convert(model, placements[i] is not False, move=False)
+            wrapped, raws = self.strategy.setup_module_and_optimizers(module, [result[j] for j in mine])
+            self._register_model(model, wrapped)
+            for j, raw in zip(mine, raws):
+                result[j] = self._register_optimizer(result[j], raw, wrapped)
+        orphans = [result[j] for j in optimizers if j not in claimed]
+        if orphans:
+            raise ValueError(
+                f"{type(self.strategy).__name__} sets up each optimizer with the model it optimizes, but "
+                f"{len(orphans)} optimizer(s) match no model in this prepare() call. Pass each model with its "
+                f"optimizers: accelerator.prepare(model, optimizer)."
+            )
+
+    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        """Wrap ``scheduler`` so it steps only when its optimizer stepped."""
+        known = self._known(scheduler)
+        if known is not None:
+            return known
+        if isinstance(scheduler, PreparedScheduler):
+            raise ValueError("This scheduler was prepared by another Accelerator; prepare the original one.")
+        target = getattr(scheduler, "optimizer", None)
+        followed = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
+        if not followed:
+            original = self._known(target)
+            if isinstance(original, PreparedOptimizer):  # the strategy replaced it: follow the new one
+                scheduler.optimizer = original.optimizer
+                followed = [original]
+        prepared = PreparedScheduler(
+            scheduler,
+            followed or list(self._optimizers),
+            self.gradient_state,
+            num_processes=1 if self.dataloader_config.split_batches else self.strategy.world_size,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+        )
+        self._schedulers.append(prepared)
+        self._remember(prepared, scheduler, prepared)
+        return prepared
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
+    ) -> PreparedDataLoader:
+        """The loader this process iterates: sharded (or dispatched), one batch ahead, on the device."""
+        self._require_processes("prepare_data_loader")
+        if slice_fn_for_dispatch is not None:
+            raise ValueError(
+                "slice_fn_for_dispatch is not supported; dispatched batches are sliced along dim 0."
+            )
+        known = self._known(data_loader)
+        if known is not None:
+            return known
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.strategy,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            dispatch_batches=config.dispatch_batches,
+            rng_types=self.rng_types,
+            device_placement=self.device_placement if device_placement is None else device_placement,
+            data_seed=config.data_seed,
+            active_loaders=self.gradient_state.loaders,
+        )
+        self._dataloaders.append(prepared)
+        self._remember(prepared, data_loader, prepared)
+        return prepared
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, (LRScheduler, ReduceLROnPlateau, PreparedScheduler))

@@ -1,0 +1,201 @@
+"""The Accelerator's questions and orders about processes: ranks, printing, waiting, collectives.
+
+A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.strategy``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import torch
+
+from drivetrain.facade import operations
+from drivetrain.facade.state import GradientState
+from drivetrain.strategies.strategy import Strategy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ProcessControl:
+    """Ranks, process-restricted execution, synchronisation and collectives (mixin)."""
+
+    strategy: Strategy
+    gradient_state: GradientState
+    _trigger: bool
+
+    def _require_processes(self, what: str) -> None:
+        """Raise if this Accelerator's processes are yet to be started (``ddp_spawn``/``ddp_fork``)."""
+
+    # -- where this process stands ----------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.strategy.root_device
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the whole run."""
+        return self.strategy.world_size
+
+    @property
+    def process_index(self) -> int:
+        """This process's global rank."""
+        return self.strategy.global_rank
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its node."""
+        return self.strategy.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on exactly one process of the run (global rank 0)."""
+        return self.strategy.global_rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on one process per node (local rank 0)."""
+        return self.strategy.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process with the highest global rank."""
+        return self.strategy.global_rank == self.strategy.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether the run has more than one process."""
+        return self.strategy.world_size > 1
+
+    # -- output and synchronisation --------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only (once per node)."""
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self._require_processes("wait_for_everyone")
+        self.strategy.barrier("drivetrain.Accelerator.wait_for_everyone")
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on all others (e.g. download, then read)."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local main process first, then on the node's others."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    # -- process-restricted functions --------------------------------------------------------
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run ``function`` on the main process only (it returns ``None`` elsewhere)."""
+        return self._only_where(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run ``function`` on each node's local main process only."""
+        return self._only_where(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run ``function`` on the last process only."""
+        return self._only_where(function, lambda: self.is_last_process)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` on the process with global rank ``process_index`` only.
+
+        Use as ``@accelerator.on_process(process_index=1)``.
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        if process_index is None:
+            raise ValueError("on_process needs process_index=...: @accelerator.on_process(process_index=1).")
+        return self._only_where(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` on the process with local rank ``local_process_index`` only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        if local_process_index is None:
+            raise ValueError("on_local_process needs local_process_index=...")
+        return self._only_where(function, lambda: self.local_process_index == local_process_index)
+
+    @staticmethod
+    def _only_where(function: F, condition: Callable[[], bool]) -> F:
+        @functools.wraps(function)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition() else None
+
+        return wrapped  # type: ignore[return-value]
+
+    # -- collectives ----------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (nested allowed) from all processes along the first dimension.
+
+        Includes the items repeated to even out the last step; see :meth:`gather_for_metrics`.
+        Tensors of different shapes on different processes are a ``ValueError`` naming the ranks;
+        pad them first with :meth:`pad_across_processes`.
+        """
+        self._require_processes("gather")
+        return operations.gather(self.strategy, tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather like :meth:`gather` (objects are gathered as objects), then drop the items the
+        data loader repeated to even out its last step, so metrics see each item exactly once."""
+        self._require_processes("gather_for_metrics")
+        strategy = self.strategy
+        if use_gather_object:
+            gathered = operations.gather_object(strategy, input_data)
+        else:
+            gathered = operations.gather_leaves(strategy, input_data)
+        loader = self.gradient_state.active_dataloader
+        if strategy.world_size > 1 and loader is not None and loader.end_of_dataloader and loader.padding:
+            if use_gather_object:
+                gathered = gathered[: max(0, len(gathered) - loader.padding)]
+            else:
+                gathered = operations.drop_repeated(gathered, loader.padding)
+        return gathered
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (or average: ``reduction="mean"``) ``tensor`` over all processes, times ``scale``."""
+        self._require_processes("reduce")
+        return operations.reduce(self.strategy, tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` (nested allowed) along ``dim`` to its largest size on any process."""
+        self._require_processes("pad_across_processes")
+        return operations.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        """Context manager giving this process its share of a list, tuple, tensor or dict of them."""
+        self._require_processes("split_between_processes")
+        return operations.split_between_processes(self.strategy, inputs, apply_padding)
+
+    # -- triggers ---------------------------------------------------------------------------
+    def set_trigger(self) -> None:
+        """Raise this process's flag; :meth:`check_trigger` then returns True on every process."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """Whether any process called :meth:`set_trigger` since the last check (a collective call)."""
+        self._require_processes("check_trigger")
+        fired = self.strategy.reduce_boolean_decision(self._trigger, all=False)
+        if fired:
+            self._trigger = False
+        return fired

@@ -1,0 +1,327 @@
+"""Turn the Accelerator's arguments (Accelerate's and drivetrain's) into one Strategy via ``connect()``.
+
+Accelerate spells things its own way (``cpu=True``, ``mixed_precision="bf16"``, kwargs handlers);
+here they become ``connect()`` arguments. Options that ``connect()`` cannot take as strings (DDP
+options from a kwargs handler, the loss scaler's settings) are applied by building the strategy
+or precision instance and connecting again: the result is still one fully wired Strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+import torch
+
+from drivetrain.connector import connect
+from drivetrain.facade.precision import AutocastOptionsPrecision
+from drivetrain.facade.state import GradientState
+from drivetrain.plugins.precision import MixedPrecision, Precision, canonical_precision
+from drivetrain.strategies import DDPStrategy, ParallelStrategy, Strategy
+from drivetrain.utils.configuration import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from drivetrain.utils.kwargs_handlers import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
+
+_HANDLER_TYPES: tuple[type[KwargsHandler], ...] = (
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    AutocastKwargs,
+)
+_MIXED_PRECISION = ("no", "fp16", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handlers:
+    """The kwargs handlers given to the Accelerator, one of each kind at most."""
+
+    ddp: DistributedDataParallelKwargs | None = None
+    scaler: GradScalerKwargs | None = None
+    process_group: InitProcessGroupKwargs | None = None
+    autocast: AutocastKwargs | None = None
+
+
+def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
+    """Check the kwargs handlers and file them by kind.
+
+    Raises:
+        TypeError: not a list, or an object that is not one of the supported handlers.
+        ValueError: two handlers of the same kind.
+    """
+    if kwargs_handlers is None:
+        return Handlers()
+    if not isinstance(kwargs_handlers, (list, tuple)):
+        raise TypeError(
+            f"kwargs_handlers expects a list of handlers, got {type(kwargs_handlers).__name__}; "
+            f"write kwargs_handlers=[{kwargs_handlers!r}]."
+        )
+    found: dict[str, Any] = {}
+    fields = {
+        DistributedDataParallelKwargs: "ddp",
+        GradScalerKwargs: "scaler",
+        InitProcessGroupKwargs: "process_group",
+        AutocastKwargs: "autocast",
+    }
+    for handler in kwargs_handlers:
+        field = fields.get(type(handler))
+        if field is None:
+            names = ", ".join(cls.__name__ for cls in _HANDLER_TYPES)
+            raise TypeError(
+                f"Unsupported kwargs handler {handler!r} ({type(handler).__module__}.{type(handler).__name__}). "
+                f"drivetrain.Accelerator supports {names} from drivetrain.utils."
+            )
+        if field in found:
+            raise ValueError(
+                f"kwargs_handlers holds two {type(handler).__name__}; pass one and merge their options."
+            )
+        found[field] = handler
+    return Handlers(**found)
+
+
+def choose_precision(
+    mixed_precision: str | Enum | None, fp16: bool | None, precision: Any
+) -> str | int | Precision | None:
+    """One precision from Accelerate's ``mixed_precision``/``fp16`` and drivetrain's ``precision``.
+
+    Raises:
+        ValueError: an unknown ``mixed_precision``, or two settings that disagree.
+    """
+    given: list[tuple[str, Any]] = []
+    if fp16 is not None:
+        if not isinstance(fp16, bool):
+            raise TypeError(f"fp16 expects True or False, got {fp16!r}.")
+        if fp16:
+            given.append(("fp16=True", "fp16"))
+    if mixed_precision is not None:
+        value = mixed_precision.value if isinstance(mixed_precision, Enum) else mixed_precision
+        if value not in _MIXED_PRECISION:
+            raise ValueError(
+                f"mixed_precision={mixed_precision!r} is not supported; use one of "
+                f"{', '.join(map(repr, _MIXED_PRECISION))} (or drivetrain's precision= for '16-true', "
+                f"'bf16-true', '64-true' …)."
+            )
+        given.append((f"mixed_precision={value!r}", value))
+    if precision is not None:
+        given.append((f"precision={precision!r}", precision))
+    if len(given) > 1:
+        names = {_canonical(value) for _, value in given}
+        if len(names) > 1:
+            raise ValueError(
+                f"The precision is set twice and the settings disagree: {' and '.join(where for where, _ in given)}. "
+                f"Set it once."
+            )
+    return given[-1][1] if given else None
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Precision):
+        return id(value)
+    return canonical_precision(value)
+
+
+def choose_accelerator(accelerator: Any, cpu: bool) -> Any:
+    """``cpu=True`` means ``accelerator="cpu"`` (it does not limit the number of processes)."""
+    if not isinstance(cpu, bool):
+        raise TypeError(f"cpu expects True or False, got {cpu!r}.")
+    if not cpu:
+        return accelerator
+    if isinstance(accelerator, str) and accelerator in ("auto", "cpu"):
+        return "cpu"
+    if type(accelerator).__name__ == "CPUAccelerator":
+        return accelerator
+    raise ValueError(
+        f"cpu=True asks for the CPU, but accelerator={accelerator!r} asks for other hardware. "
+        f"Drop one of them (cpu=True is the same as accelerator='cpu')."
+    )
+
+
+def build_strategy(
+    *,
+    accelerator: Any,
+    strategy: Any,
+    devices: Any,
+    num_nodes: int,
+    precision: Any,
+    plugins: Any,
+    handlers: Handlers,
+) -> Strategy:
+    """Connect the settings, then apply the kwargs handlers to the resolved strategy and precision."""
+    devices = "auto" if devices is None else devices
+    built = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
+    new_strategy = _with_process_options(built, strategy, handlers)
+    new_precision = _with_precision_options(built.precision, precision, plugins, handlers)
+    if new_strategy is None and new_precision is None:
+        return built
+    return connect(
+        accelerator,
+        new_strategy if new_strategy is not None else strategy,
+        devices,
+        num_nodes,
+        new_precision if new_precision is not None else precision,
+        plugins,
+    )
+
+
+def _with_process_options(built: Strategy, requested: Any, handlers: Handlers) -> Strategy | None:
+    ddp = handlers.ddp.to_kwargs() if handlers.ddp is not None else {}
+    group = handlers.process_group.to_kwargs() if handlers.process_group is not None else {}
+    unsupported = sorted(set(ddp) & {"comm_hook", "comm_wrapper", "comm_state_option"})
+    if unsupported:
+        raise ValueError(
+            f"DistributedDataParallelKwargs({', '.join(unsupported)}=...) is not supported by drivetrain. "
+            f"Register the hook on the prepared model instead: model.register_comm_hook(state, hook)."
+        )
+    if "init_method" in group:
+        raise ValueError(
+            f"InitProcessGroupKwargs(init_method={group['init_method']!r}) is not supported: processes meet "
+            f"where the cluster environment says (MASTER_ADDR/MASTER_PORT, SLURM …). Leave init_method out."
+        )
+    if not (ddp or group) or not isinstance(built, ParallelStrategy):
+        return None  # one process: nothing to configure (the same script also runs on many)
+    if isinstance(requested, Strategy) or type(built) is not DDPStrategy:
+        raise ValueError(
+            f"kwargs_handlers configure DistributedDataParallel/process-group options ({', '.join([*ddp, *group])}), "
+            f"but the strategy is {type(built).__name__}{' (an instance you built)' if isinstance(requested, Strategy) else ''}. "
+            f"Pass those options to the strategy's constructor instead, e.g. DDPStrategy(find_unused_parameters=True, "
+            f"timeout=...)."
+        )
+    options = built.ddp_kwargs
+    clashes = {key for key in ddp if key in options and options[key] != ddp[key]}
+    if clashes:
+        raise ValueError(
+            f"strategy={requested!r} sets {', '.join(f'{k}={options[k]!r}' for k in sorted(clashes))}, but "
+            f"DistributedDataParallelKwargs sets {', '.join(f'{k}={ddp[k]!r}' for k in sorted(clashes))}. Set them once."
+        )
+    return DDPStrategy(
+        start_method=built.start_method,
+        process_group_backend=group.get("backend"),
+        timeout=group.get("timeout") or built.timeout,
+        **{**options, **ddp},
+    )
+
+
+def _with_precision_options(
+    resolved: Precision, requested: Any, plugins: Any, handlers: Handlers
+) -> Precision | None:
+    scaler = handlers.scaler.to_kwargs() if handlers.scaler is not None else {}
+    autocast = handlers.autocast.to_kwargs() if handlers.autocast is not None else {}
+    has_scaler = isinstance(resolved, MixedPrecision) and resolved.scaler is not None
+    if handlers.scaler is not None and not has_scaler:
+        warnings.warn(
+            f"GradScalerKwargs has no effect: precision {resolved.name!r} uses no loss scaler (only "
+            f"mixed_precision='fp16' / '16-mixed' does).",
+            UserWarning,
+            stacklevel=4,
+        )
+        scaler = {}
+    if handlers.autocast is not None and not isinstance(resolved, MixedPrecision):
+        warnings.warn(
+            f"AutocastKwargs has no effect: precision {resolved.name!r} does not autocast (only 'fp16' and "
+            f"'bf16' mixed precision do).",
+            UserWarning,
+            stacklevel=4,
+        )
+        autocast = {}
+    if not (scaler or autocast):
+        return None
+    assert isinstance(resolved, MixedPrecision)
+    if isinstance(requested, Precision) or _has_precision_plugin(plugins):
+        raise ValueError(
+            "GradScalerKwargs/AutocastKwargs cannot change a Precision instance you built; configure it directly "
+            "(MixedPrecision(..., scaler=torch.amp.GradScaler(...)))."
+        )
+    grad_scaler = torch.amp.GradScaler(resolved.device, **scaler) if scaler else resolved.scaler
+    return AutocastOptionsPrecision(
+        resolved.name, device=resolved.device, scaler=grad_scaler, autocast_kwargs=autocast
+    )
+
+
+def _has_precision_plugin(plugins: Any) -> bool:
+    items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    return any(isinstance(item, Precision) for item in items)
+
+
+def check_steps(steps: Any) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}.")
+    return steps
+
+
+def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientState:
+    check_steps(steps)
+    if plugin is None:
+        return GradientState(steps)
+    if steps != 1:
+        raise ValueError(
+            "Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+            "(GradientAccumulationPlugin(num_steps=...) holds the steps)."
+        )
+    if plugin.num_steps is None:
+        raise ValueError(
+            "GradientAccumulationPlugin(num_steps=None): set num_steps to the batches per optimizer step."
+        )
+    return GradientState(check_steps(plugin.num_steps), plugin.sync_with_dataloader, plugin.sync_each_batch)
+
+
+def data_config(
+    config: DataLoaderConfiguration | None,
+    split_batches: bool | None,
+    dispatch: bool | None,
+    even: bool | None,
+) -> DataLoaderConfiguration:
+    result = config if config is not None else DataLoaderConfiguration()
+    for name, value in (
+        ("split_batches", split_batches),
+        ("dispatch_batches", dispatch),
+        ("even_batches", even),
+    ):
+        if value is None:
+            continue
+        if config is not None and getattr(config, name) != value:
+            raise ValueError(
+                f"{name}={value!r} disagrees with dataloader_config.{name}={getattr(config, name)!r}; set it in "
+                f"one place (DataLoaderConfiguration is the current one)."
+            )
+        result = _replace(result, **{name: value})
+    return result
+
+
+def _replace(config: DataLoaderConfiguration, **changes: Any) -> DataLoaderConfiguration:
+    return dataclasses.replace(config, **changes)
+
+
+def project_config(
+    config: ProjectConfiguration | None, project_dir: str | os.PathLike[str] | None
+) -> ProjectConfiguration:
+    result = config if config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        if result.project_dir is not None and os.fspath(project_dir) != result.project_dir:
+            raise ValueError(
+                f"project_dir={os.fspath(project_dir)!r} disagrees with project_config.project_dir="
+                f"{result.project_dir!r}; set it once."
+            )
+        result.set_directories(project_dir)
+    return result
+
+
+def reject_plugins(deepspeed: Any, fsdp: Any, megatron: Any) -> None:
+    for name, value, fix in (
+        ("deepspeed_plugin", deepspeed, "strategy='deepspeed_stage_2' (or a DeepSpeedStrategy instance)"),
+        ("fsdp_plugin", fsdp, "strategy='fsdp' (or an FSDPStrategy instance)"),
+        ("megatron_lm_plugin", megatron, "another strategy: Megatron-LM is not supported"),
+    ):
+        if value is not None:
+            raise ValueError(f"{name}= is Accelerate's way to configure this; drivetrain uses {fix}.")

@@ -1,0 +1,177 @@
+"""What the Accelerator's arguments resolve to, and the settings it refuses or warns about."""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+
+import pytest
+import torch
+
+import drivetrain as dt
+from drivetrain.plugins.precision import MixedPrecision
+from drivetrain.strategies import DDPStrategy, SingleDeviceStrategy
+from drivetrain.utils import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+)
+
+
+def test_defaults_give_one_cpu_process() -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    assert isinstance(accelerator.strategy, SingleDeviceStrategy)
+    assert (accelerator.device, accelerator.num_processes, accelerator.process_index) == (
+        torch.device("cpu"),
+        1,
+        0,
+    )
+    assert accelerator.is_main_process and accelerator.is_local_main_process and accelerator.is_last_process
+    assert accelerator.mixed_precision == "no" and accelerator.distributed_type.value == "NO"
+    assert not accelerator.split_batches and accelerator.even_batches and accelerator.dispatch_batches is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"mixed_precision": "bf16"}, "bf16-mixed"),
+        ({"mixed_precision": "fp16"}, "16-mixed"),
+        ({"fp16": True}, "16-mixed"),
+        ({"precision": "bf16-true"}, "bf16-true"),
+        ({"mixed_precision": "bf16", "precision": "bf16-mixed"}, "bf16-mixed"),
+    ],
+)
+def test_precision_spellings(kwargs: dict[str, object], name: str) -> None:
+    accelerator = dt.Accelerator(cpu=True, **kwargs)
+    assert accelerator.strategy.precision.name == name
+
+
+def test_fp16_on_cpu_is_real_loss_scaled_mixed_precision() -> None:
+    accelerator = dt.Accelerator(cpu=True, mixed_precision="fp16")
+    precision = accelerator.strategy.precision
+    assert isinstance(precision, MixedPrecision) and precision.scaler is not None
+    assert accelerator.mixed_precision == "fp16"
+    model = accelerator.prepare(torch.nn.Linear(4, 2))
+    assert model(torch.randn(3, 4)).dtype == torch.float32, "outputs come back in float32"
+    with accelerator.autocast():
+        assert model.__class__.forward(model, torch.randn(3, 4)).dtype == torch.float16
+
+
+def test_conflicting_and_unknown_settings_are_errors() -> None:
+    with pytest.raises(ValueError, match="precision is set twice and the settings disagree"):
+        dt.Accelerator(cpu=True, mixed_precision="fp16", precision="bf16-mixed")
+    with pytest.raises(ValueError, match="mixed_precision='fp8' is not supported"):
+        dt.Accelerator(cpu=True, mixed_precision="fp8")
+    with pytest.raises(ValueError, match="cpu=True asks for the CPU, but accelerator='cuda'"):
+        dt.Accelerator(cpu=True, accelerator="cuda")
+    with pytest.raises(
+        ValueError, match=r"split_batches=True disagrees with dataloader_config\.split_batches=False"
+    ):
+        dt.Accelerator(cpu=True, split_batches=True, dataloader_config=DataLoaderConfiguration())
+    with pytest.raises(
+        ValueError, match="gradient_accumulation_steps or gradient_accumulation_plugin, not both"
+    ):
+        dt.Accelerator(
+            cpu=True,
+            gradient_accumulation_steps=2,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(2),
+        )
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an int >= 1, got 0"):
+        dt.Accelerator(cpu=True, gradient_accumulation_steps=0)
+    with pytest.raises(ValueError, match="drivetrain uses strategy='fsdp'"):
+        dt.Accelerator(cpu=True, fsdp_plugin=object())
+    with pytest.raises(ValueError, match=r"project_dir='a' disagrees with project_config\.project_dir='b'"):
+        dt.Accelerator(cpu=True, project_dir="a", project_config=ProjectConfiguration(project_dir="b"))
+    with pytest.raises(ValueError, match=r"log_with=.*names the tracker 'wandb'"):
+        dt.Accelerator(cpu=True, log_with="wandb")
+    with pytest.raises(ValueError, match=r"cannot synchronise: 'npu'"):
+        dt.Accelerator(cpu=True, rng_types=["npu"])
+
+
+def test_kwargs_handlers_are_checked() -> None:
+    class FP8RecipeKwargs:
+        pass
+
+    with pytest.raises(TypeError, match=r"Unsupported kwargs handler .*FP8RecipeKwargs"):
+        dt.Accelerator(cpu=True, kwargs_handlers=[FP8RecipeKwargs()])
+    with pytest.raises(ValueError, match="two GradScalerKwargs"):
+        dt.Accelerator(
+            cpu=True, mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(), GradScalerKwargs()]
+        )
+    with pytest.raises(
+        ValueError, match=r"InitProcessGroupKwargs\(init_method='tcp://x:1'\) is not supported"
+    ):
+        dt.Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://x:1")])
+    with pytest.raises(ValueError, match=r"DistributedDataParallelKwargs\(comm_hook=...\) is not supported"):
+        dt.Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(comm_hook="fp16")])
+    with pytest.warns(UserWarning, match="GradScalerKwargs has no effect: precision '32-true'"):
+        dt.Accelerator(cpu=True, kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])
+    with pytest.warns(UserWarning, match="AutocastKwargs has no effect"):
+        dt.Accelerator(cpu=True, kwargs_handlers=[AutocastKwargs(cache_enabled=True)])
+
+
+def test_only_changed_handler_fields_are_passed_on() -> None:
+    assert DistributedDataParallelKwargs().to_kwargs() == {}
+    assert DistributedDataParallelKwargs(static_graph=True, bucket_cap_mb=25).to_kwargs() == {
+        "static_graph": True
+    }
+    handler = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=5))
+    assert handler.to_kwargs() == {"timeout": datetime.timedelta(seconds=5)}
+
+
+def test_scaler_and_autocast_options_reach_the_precision() -> None:
+    accelerator = dt.Accelerator(
+        cpu=True,
+        mixed_precision="fp16",
+        kwargs_handlers=[
+            GradScalerKwargs(init_scale=1024.0, growth_interval=7),
+            AutocastKwargs(enabled=False),
+        ],
+    )
+    precision = accelerator.strategy.precision
+    assert precision.scaler.get_scale() == 1024.0 and precision.scaler.get_growth_interval() == 7
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    with accelerator.autocast():
+        assert torch.nn.Linear.forward(model, torch.randn(1, 2)).dtype == torch.float32  # autocast disabled
+
+
+def test_ddp_options_need_a_strategy_the_accelerator_builds() -> None:
+    with pytest.raises(ValueError, match="Pass those options to the strategy's constructor"):
+        dt.Accelerator(
+            cpu=True,
+            devices=2,
+            strategy=DDPStrategy(start_method="fork"),
+            kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)],
+        )
+
+
+def test_one_process_ignores_process_group_options_quietly() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        accelerator = dt.Accelerator(
+            cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=9))]
+        )
+    assert isinstance(accelerator.strategy, SingleDeviceStrategy)
+
+
+def test_spawned_strategies_ask_for_launch() -> None:
+    accelerator = dt.Accelerator(cpu=True, devices=2, strategy="ddp_spawn")
+    with pytest.raises(RuntimeError, match=r"run it with accelerator.launch\(train_function"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+
+
+def test_two_accelerators_keep_separate_state() -> None:
+    first = dt.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    second = dt.Accelerator(cpu=True)
+    first_model = first.prepare(torch.nn.Linear(1, 1))
+    second.prepare(torch.nn.Linear(1, 1))
+    with first.accumulate(first_model):
+        assert not first.sync_gradients and second.sync_gradients
+    assert first.step == 1 and second.step == 0
+    assert first.gradient_state is not second.gradient_state
+    first.set_trigger()
+    assert first.check_trigger() and not second.check_trigger()

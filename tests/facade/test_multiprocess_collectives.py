@@ -1,0 +1,163 @@
+"""The Accelerator's collectives and process control in 2 gloo processes (one spawn for all)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import drivetrain as dt
+from drivetrain.utils import DataLoaderConfiguration, gather_object, set_seed
+from helpers.multiprocess import run_processes
+
+pytestmark = pytest.mark.multiprocess
+
+COMBINATIONS = [(split, dispatch) for split in (False, True) for dispatch in (False, True)]
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    ids: torch.Tensor
+
+
+class Stream(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(99))
+
+
+def _metrics(split: bool, dispatch: bool) -> dict[str, Any]:
+    config = DataLoaderConfiguration(split_batches=split, dispatch_batches=dispatch)
+    accelerator = dt.Accelerator(cpu=True, dataloader_config=config)
+    out: dict[str, Any] = {}
+    for drop_last in (False, True):
+        loader = accelerator.prepare(
+            DataLoader(TensorDataset(torch.arange(99)), batch_size=16, drop_last=drop_last)
+        )
+        items, names, padded = [], [], 0
+        for (ids,) in loader:
+            items += accelerator.gather_for_metrics(ids).tolist()
+            names += accelerator.gather_for_metrics([f"item{i}" for i in ids.tolist()])
+            padded += len(accelerator.gather(ids))
+        out[("map", drop_last)] = (items, names, padded)
+        stream = accelerator.prepare(DataLoader(Stream(), batch_size=16, drop_last=drop_last))
+        out[("stream", drop_last)] = [
+            i for batch in stream for i in accelerator.gather_for_metrics({"ids": batch})["ids"].tolist()
+        ]
+    return out
+
+
+def _rank(rank: int, world_size: int, scratch: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"metrics": {combo: _metrics(*combo) for combo in COMBINATIONS}}
+    accelerator = dt.Accelerator(cpu=True)
+
+    out["pad"] = accelerator.pad_across_processes(torch.full((rank + 1, 2), rank), pad_index=-1).tolist()
+    out["pad_first"] = accelerator.pad_across_processes(
+        {"x": torch.ones(1, rank + 1)}, dim=1, pad_first=True
+    )["x"].tolist()
+    with accelerator.split_between_processes([0, 1, 2, 3, 4]) as share:
+        out["split_list"] = share
+    with accelerator.split_between_processes([0, 1, 2, 3, 4], apply_padding=True) as share:
+        out["split_padded"] = share
+    with accelerator.split_between_processes(torch.arange(10, 15), apply_padding=True) as share:
+        out["split_tensor"] = share.tolist()
+    with accelerator.split_between_processes({"a": torch.arange(3), "b": ["x", "y", "z"]}) as share:
+        out["split_dict"] = (share["a"].tolist(), share["b"])
+    value = torch.tensor(float(rank + 1))
+    out["reduce"] = (
+        accelerator.reduce(value).item(),
+        accelerator.reduce({"v": value}, reduction="mean")["v"].item(),
+        accelerator.reduce(value, scale=10.0).item(),
+        value.item(),
+    )
+    out["gather_nested"] = accelerator.gather((torch.tensor(rank), {"v": torch.tensor([rank, rank])}))
+    output = Output(torch.full((1, 2), float(rank)), torch.tensor([rank]))
+    gathered = accelerator.gather(output)
+    reduced = accelerator.reduce(output, reduction="mean")
+    padded = accelerator.pad_across_processes(Output(torch.ones(rank + 1), torch.tensor([rank])))
+    out["dataclass"] = (
+        gathered.logits.tolist(),
+        gathered.ids.tolist(),
+        reduced.logits.tolist(),
+        padded.logits.tolist(),
+    )
+    out["gather_object"] = gather_object([f"r{rank}"])
+    try:
+        accelerator.gather(torch.zeros(rank + 1))
+    except ValueError as error:
+        out["shape_error"] = str(error)
+
+    marker = Path(scratch) / "written-by-main"
+    with accelerator.main_process_first():
+        if accelerator.is_main_process:
+            time.sleep(0.3)
+            marker.write_text("ready")
+        out["saw_marker"] = marker.exists()
+    accelerator.wait_for_everyone()
+
+    if rank == 1:
+        accelerator.set_trigger()
+    out["triggers"] = (accelerator.check_trigger(), accelerator.check_trigger())
+
+    calls: list[str] = []
+    accelerator.on_main_process(lambda: calls.append("main"))()
+    accelerator.on_last_process(lambda: calls.append("last"))()
+    accelerator.on_process(process_index=1)(lambda: calls.append("one"))()
+    accelerator.on_local_main_process(lambda: calls.append("local"))()
+    out["calls"] = calls
+    out["seed"] = set_seed(5, device_specific=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_processes(_rank, 2, args=(str(tmp_path_factory.mktemp("collectives")),))
+
+
+@pytest.mark.parametrize("split, dispatch", COMBINATIONS)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_gather_for_metrics_returns_exactly_the_loaders_items(
+    results: list[dict[str, Any]], split: bool, dispatch: bool, drop_last: bool
+) -> None:
+    expected = list(range(96 if drop_last else 99))  # what one process's loader yields
+    for result in results:
+        items, names, padded = result["metrics"][(split, dispatch)][("map", drop_last)]
+        assert items == expected
+        assert names == [f"item{i}" for i in expected]
+        assert padded >= len(expected) and (padded > 99 or drop_last), "gather keeps the repeats"
+        assert result["metrics"][(split, dispatch)][("stream", drop_last)] == expected
+
+
+def test_pad_split_reduce_and_gather(results: list[dict[str, Any]]) -> None:
+    zero, one = results
+    assert zero["pad"] == [[0, 0], [-1, -1]] and one["pad"] == [[1, 1], [1, 1]]
+    assert zero["pad_first"] == [[0.0, 1.0]] and one["pad_first"] == [[1.0, 1.0]]
+    assert (zero["split_list"], one["split_list"]) == ([0, 1, 2], [3, 4])
+    assert (zero["split_padded"], one["split_padded"]) == ([0, 1, 2], [3, 4, 4])
+    assert (zero["split_tensor"], one["split_tensor"]) == ([10, 11, 12], [13, 14, 14])
+    assert (zero["split_dict"], one["split_dict"]) == (([0, 1], ["x", "y"]), ([2], ["z"]))
+    assert zero["reduce"] == (*one["reduce"][:3], 1.0) == (3.0, 1.5, 30.0, 1.0)
+    scalars, nested = zero["gather_nested"]
+    assert scalars.tolist() == [0, 1] and nested["v"].tolist() == [0, 0, 1, 1]
+    assert zero["gather_object"] == one["gather_object"] == ["r0", "r1"]
+    assert zero["dataclass"] == ([[0.0, 0.0], [1.0, 1.0]], [0, 1], [[0.5, 0.5]], [1.0, 0.0])
+
+
+def test_gathering_tensors_of_different_shapes_names_the_ranks(results: list[dict[str, Any]]) -> None:
+    message = results[0]["shape_error"]
+    assert "rank 0: shape (1,)" in message and "rank 1: shape (2,)" in message
+    assert "pad_across_processes" in message
+
+
+def test_process_control(results: list[dict[str, Any]]) -> None:
+    zero, one = results
+    assert zero["saw_marker"] and one["saw_marker"], "the others ran the block after the main process"
+    assert zero["triggers"] == one["triggers"] == (True, False)
+    assert zero["calls"] == ["main", "local"] and one["calls"] == ["last", "one"]
+    assert (zero["seed"], one["seed"]) == (5, 6)
