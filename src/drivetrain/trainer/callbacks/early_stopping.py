@@ -1,0 +1,180 @@
+"""``EarlyStopping``: stop fitting when a monitored metric stops improving.
+
+Every rank takes the same decision: the monitored value is rank 0's, so a metric logged
+without ``sync_dist`` cannot make the ranks disagree (and hang). Checks follow validation:
+after a validation in the middle of an epoch right away, after the one at the end of an
+epoch in ``on_train_epoch_end`` (so values the module logs there count). Without validation,
+every epoch end is checked.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.trainer.callbacks.callback import Callback
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.trainer import Trainer
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by ``min_delta`` for ``patience`` checks.
+
+    Args:
+        monitor: the logged metric to watch.
+        min_delta: the smallest change that counts as an improvement.
+        patience: checks without improvement before stopping.
+        verbose: print on rank 0 when the metric improves or training stops.
+        mode: ``"min"`` or ``"max"``.
+        strict: a missing metric is an error (else a warning, and the check is skipped).
+        check_finite: stop when the metric becomes NaN or infinite.
+        stopping_threshold: stop as soon as the metric is better than this.
+        divergence_threshold: stop as soon as the metric is worse than this.
+        check_on_train_epoch_end: ``True``: check at every training epoch end; ``False``: after every
+            validation; ``None`` (default): as described in the module docstring.
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping(mode={mode!r}); use 'min' or 'max'.")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"EarlyStopping(patience={patience!r}); use an int >= 0.")
+        if min_delta < 0:
+            raise ValueError(
+                f"EarlyStopping(min_delta={min_delta}); use a value >= 0 (mode sets the direction)."
+            )
+        self.monitor = monitor
+        self.min_delta = float(min_delta)
+        self.patience = patience
+        self.verbose = verbose
+        self.mode = mode
+        self.strict = strict
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        self.stopping_reason = ""
+        self._validated = False
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    # -- when to check ----------------------------------------------------------------------
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn is None or trainer.state.fn.value != "fit":
+            return
+        if self.check_on_train_epoch_end:
+            return
+        mid_epoch = (
+            not trainer._progress.epoch_finished
+            and trainer._progress.batches_done < trainer.num_training_batches
+        )
+        if mid_epoch or self.check_on_train_epoch_end is False:
+            self._check(trainer)
+        else:
+            self._validated = True
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        if self.check_on_train_epoch_end is False:
+            return
+        if self.check_on_train_epoch_end or not trainer._data.validation_enabled or self._validated:
+            self._validated = False
+            self._check(trainer)
+
+    # -- the check --------------------------------------------------------------------------
+    def _improved(self, current: float, reference: float) -> bool:
+        if self.mode == "min":
+            return current < reference - self.min_delta
+        return current > reference + self.min_delta
+
+    def _check(self, trainer: Trainer) -> None:
+        if trainer.fast_dev_run:
+            return
+        metrics = trainer.callback_metrics
+        value: Any = metrics.get(self.monitor)
+        if value is None:
+            message = (
+                f"EarlyStopping(monitor={self.monitor!r}) found no logged metric {self.monitor!r} (logged: "
+                f"{', '.join(sorted(metrics)) or 'nothing'}). Log it with self.log({self.monitor!r}, value), or fix the name."
+            )
+            if self.strict:
+                raise ValueError(message)
+            if trainer.is_global_zero:
+                warnings.warn(message, UserWarning, stacklevel=2)
+            return
+        current = float(value)
+        if trainer.world_size > 1:
+            current = float(trainer.strategy.broadcast(current))
+        stop, reason = self._decide(current)
+        if stop:
+            trainer.should_stop = True
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason = reason
+        if self.verbose and reason and trainer.is_global_zero:
+            print(reason)
+
+    def _decide(self, current: float) -> tuple[bool, str]:
+        name = self.monitor
+        if self.check_finite and not math.isfinite(current):
+            return True, f"{name}={current} is not finite; stopping (best so far {self.best_score:.6g})."
+        threshold = self.stopping_threshold
+        if threshold is not None and (current < threshold if self.mode == "min" else current > threshold):
+            return (
+                True,
+                f"{name}={current:.6g} passed stopping_threshold={self.stopping_threshold}; stopping.",
+            )
+        if self.divergence_threshold is not None and (
+            current > self.divergence_threshold if self.mode == "min" else current < self.divergence_threshold
+        ):
+            return (
+                True,
+                f"{name}={current:.6g} is beyond divergence_threshold={self.divergence_threshold}; stopping.",
+            )
+        if self._improved(current, self.best_score):
+            previous = self.best_score
+            self.best_score = current
+            self.wait_count = 0
+            return False, f"{name} improved from {previous:.6g} to {current:.6g}."
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (
+                f"{name} did not improve by more than {self.min_delta} in the last {self.wait_count} checks "
+                f"(best {self.best_score:.6g}); stopping."
+            )
+        return False, ""
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "wait_count": self.wait_count,
+            "stopped_epoch": self.stopped_epoch,
+            "best_score": self.best_score,
+            "patience": self.patience,
+            "validated": self._validated,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.wait_count = state_dict["wait_count"]
+        self.stopped_epoch = state_dict["stopped_epoch"]
+        self.best_score = state_dict["best_score"]
+        self.patience = state_dict.get("patience", self.patience)
+        self._validated = state_dict.get("validated", False)

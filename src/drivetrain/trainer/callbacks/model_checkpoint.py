@@ -1,0 +1,306 @@
+"""``ModelCheckpoint``: save checkpoints during fit, keep the best k by a monitored metric.
+
+Checkpoints are written through the strategy (its CheckpointIO, atomically; sharded
+strategies write their own layout) on every process's behalf. When saving is due is decided
+identically on every rank: the monitored value and the file name are taken from rank 0.
+
+When it saves:
+    * ``every_n_train_steps=n``: after every n-th optimizer step (in ``on_train_batch_end``);
+    * otherwise every ``every_n_epochs`` (default 1) epochs, at the end of the epoch (after its
+      validation and the module's ``on_train_epoch_end``), and after each validation that runs
+      in the middle of such an epoch (``val_check_interval`` < 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.trainer.callbacks.callback import Callback
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.trainer import Trainer
+
+_MODES = ("min", "max")
+_FIELD = re.compile(r"\{([^{}:!]+)((?:![rsa])?(?::[^{}]*)?)\}")
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints while fitting.
+
+    Args:
+        dirpath: the folder (default: ``<log_dir>/checkpoints``, or ``default_root_dir/checkpoints``
+            without a logger).
+        filename: a template such as ``"{epoch}-{val_loss:.2f}"``; names are ``epoch``, ``step``
+            and any logged metric. With ``auto_insert_metric_name`` each becomes ``name=value``.
+            Default ``"{epoch}-{step}"``.
+        monitor: the logged metric ranking checkpoints; ``None`` keeps the most recent ones.
+        verbose: print a line on rank 0 for each save.
+        save_last: also write ``last.ckpt`` each time a checkpoint is due.
+        save_top_k: how many to keep (``-1``: all, ``0``: none but ``last``).
+        save_weights_only: only the module's weights (such files cannot resume a fit).
+        mode: ``"min"`` or ``"max"``: which way the monitored metric improves.
+        auto_insert_metric_name: write ``epoch=3`` rather than ``3`` in file names.
+        every_n_train_steps: save after every n optimizer steps.
+        every_n_epochs: save every n epochs (default 1 unless ``every_n_train_steps`` is set).
+    """
+
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | None = None,
+        save_top_k: int = 1,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        every_n_epochs: int | None = None,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"ModelCheckpoint(mode={mode!r}); use 'min' or 'max'.")
+        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(
+                f"ModelCheckpoint(save_top_k={save_top_k!r}); use -1 (all), 0 (none) or a count >= 1."
+            )
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ValueError(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) cannot rank checkpoints without a metric. "
+                f"Name one with monitor='val_loss', or use save_top_k=1 (latest) or -1 (all)."
+            )
+        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"ModelCheckpoint({name}={value!r}); use an int >= 1 (0 turns it off).")
+        if every_n_train_steps and every_n_epochs:
+            raise ValueError(
+                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}): choose "
+                f"one schedule."
+            )
+        self.dirpath: str | None = os.fspath(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self.monitor = monitor
+        self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.save_weights_only = save_weights_only
+        self.mode = mode
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.every_n_epochs = (
+            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        )
+        self.best_k_models: dict[str, float] = {}
+        self.kth_best_model_path = ""
+        self.best_model_score: float | None = None
+        self.best_model_path = ""
+        self.last_model_path = ""
+        self._recent: list[str] = []
+        self._last_global_step_saved = 0
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            monitor=self.monitor,
+            mode=self.mode,
+            every_n_train_steps=self.every_n_train_steps,
+            every_n_epochs=self.every_n_epochs,
+        )
+
+    # -- hooks --------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        dirpath = self.dirpath or trainer._metrics.checkpoint_dir(trainer.default_root_dir)
+        # Loggers pick their version folder on rank 0 only; every rank must write to the same place.
+        self.dirpath = trainer.strategy.broadcast(dirpath) if trainer.world_size > 1 else dirpath
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self.every_n_train_steps and step % self.every_n_train_steps == 0 and not self._skip(trainer):
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        # Validation in the middle of an epoch; the one at its end is followed by on_train_epoch_end.
+        progress = trainer._progress
+        mid_epoch = progress.batches_done < trainer.num_training_batches and not progress.epoch_finished
+        if mid_epoch and self._epoch_due(trainer) and not self._skip(trainer):
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        if self._epoch_due(trainer) and not self._skip(trainer):
+            self._save(trainer)
+
+    def _epoch_due(self, trainer: Trainer) -> bool:
+        return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def _skip(self, trainer: Trainer) -> bool:
+        return (
+            bool(trainer.fast_dev_run)
+            or trainer.state.fn is None
+            or trainer.state.fn.value != "fit"
+            or trainer.sanity_checking
+            or self._last_global_step_saved == trainer.global_step
+        )
+
+    # -- saving --------------------------------------------------------------------------------
+    def _save(self, trainer: Trainer) -> None:
+        metrics = self._format_metrics(trainer)
+        current = self._monitored(trainer, metrics)
+        filepath = self.format_checkpoint_name(metrics)
+        if trainer.world_size > 1:
+            filepath, current = trainer.strategy.broadcast((filepath, current))
+        self._last_global_step_saved = trainer.global_step
+        if self.monitor is None:
+            self._save_recent(trainer, filepath)
+        elif current is not None:
+            self._save_top_k(trainer, filepath, current)
+        if self.save_last:
+            last = os.path.join(self.dirpath or "", self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+            self._write(trainer, last)
+            self.last_model_path = last
+
+    def _monitored(self, trainer: Trainer, metrics: dict[str, Any]) -> float | None:
+        if self.monitor is None:
+            return None
+        if self.monitor not in metrics:
+            available = ", ".join(sorted(k for k in metrics if k not in ("epoch", "step"))) or "nothing"
+            message = (
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no logged metric {self.monitor!r} (logged: "
+                f"{available}). Log it with self.log({self.monitor!r}, value), or fix the name."
+            )
+            if trainer._data.validation_enabled and trainer._validations_run == 0:
+                import warnings
+
+                warnings.warn(
+                    message + " Skipping top-k until validation has run.", UserWarning, stacklevel=3
+                )
+                return None
+            raise ValueError(message)
+        value = float(metrics[self.monitor])
+        if math.isnan(value):  # a NaN never ranks above a real score
+            value = math.inf if self.mode == "min" else -math.inf
+        return value
+
+    def _better(self, current: float, reference: float) -> bool:
+        return current < reference if self.mode == "min" else current > reference
+
+    def _save_top_k(self, trainer: Trainer, filepath: str, current: float) -> None:
+        k = self.save_top_k
+        if k == 0:
+            return
+        if k != -1 and len(self.best_k_models) >= k:
+            worst = self.kth_best_model_path
+            if not self._better(current, self.best_k_models[worst]):
+                return
+            del self.best_k_models[worst]
+            if worst != filepath:
+                trainer.strategy.remove_checkpoint(worst)
+        self._write(trainer, filepath)
+        self.best_k_models[filepath] = current
+        pick_worst = max if self.mode == "min" else min
+        self.kth_best_model_path = pick_worst(self.best_k_models, key=self.best_k_models.__getitem__)
+        best = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.__getitem__)
+        self.best_model_path, self.best_model_score = best, self.best_k_models[best]
+        if self.verbose and trainer.is_global_zero:
+            print(
+                f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor}={current:.6g}, saved {filepath}"
+            )
+
+    def _save_recent(self, trainer: Trainer, filepath: str) -> None:
+        if self.save_top_k == 0:
+            return
+        self._write(trainer, filepath)
+        self._recent.append(filepath)
+        if self.save_top_k != -1:
+            for old in self._recent[: -self.save_top_k]:
+                if old != filepath:
+                    trainer.strategy.remove_checkpoint(old)
+            self._recent = self._recent[-self.save_top_k :]
+        self.best_model_path = filepath
+        if self.verbose and trainer.is_global_zero:
+            print(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {filepath}")
+
+    def _write(self, trainer: Trainer, filepath: str) -> None:
+        trainer.save_checkpoint(filepath, weights_only=self.save_weights_only)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
+
+    # -- names ---------------------------------------------------------------------------------
+    def _format_metrics(self, trainer: Trainer) -> dict[str, Any]:
+        metrics: dict[str, Any] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        metrics["epoch"] = trainer.current_epoch
+        metrics["step"] = trainer.global_step
+        return metrics
+
+    def format_checkpoint_name(self, metrics: dict[str, Any]) -> str:
+        """The checkpoint path for ``metrics`` (with ``epoch`` and ``step``) under :attr:`dirpath`."""
+        template = self.filename or "{epoch}-{step}"
+        names: list[str] = []
+        missing: list[str] = []
+
+        def field(match: re.Match[str]) -> str:
+            name, spec = match.group(1), match.group(2)
+            if name not in metrics:
+                missing.append(name)
+            names.append(name)
+            prefix = f"{name.replace('/', '_')}=" if self.auto_insert_metric_name else ""
+            # Positional stand-ins: str.format cannot take names such as "val/loss".
+            return prefix + "{m" + str(len(names) - 1) + spec + "}"
+
+        text = _FIELD.sub(field, template)
+        if missing:
+            raise ValueError(
+                f"ModelCheckpoint(filename={template!r}) names {', '.join(map(repr, missing))}, which "
+                f"{'was' if len(missing) == 1 else 'were'} not logged (available: {', '.join(sorted(metrics))})."
+            )
+        name = text.format(**{f"m{i}": metrics[n] for i, n in enumerate(names)})
+        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+
+    def find_last(self) -> str | None:
+        """The ``last.ckpt`` (or, without ``save_last``, the newest checkpoint) in :attr:`dirpath`, if any."""
+        if self.dirpath is None or not os.path.isdir(self.dirpath):
+            return None
+        last = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        if os.path.exists(last):
+            return last
+        candidates = [
+            os.path.join(self.dirpath, f) for f in os.listdir(self.dirpath) if f.endswith(self.FILE_EXTENSION)
+        ]
+        return max(candidates, key=os.path.getmtime) if candidates else None
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "monitor": self.monitor,
+            "best_model_score": self.best_model_score,
+            "best_model_path": self.best_model_path,
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "last_model_path": self.last_model_path,
+            "recent": list(self._recent),
+            "dirpath": self.dirpath,
+            "last_global_step_saved": self._last_global_step_saved,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_model_score = state_dict.get("best_model_score")
+        self.best_model_path = state_dict.get("best_model_path", "")
+        self.last_model_path = state_dict.get("last_model_path", "")
+        if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
+            # Rankings only carry over when the files are in the same place.
+            self.best_k_models = dict(state_dict.get("best_k_models", {}))
+            self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+            self._recent = list(state_dict.get("recent", []))
+        self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)

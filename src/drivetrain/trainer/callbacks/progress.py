@@ -1,0 +1,185 @@
+"""Progress bars: the base class, and one built on ``tqdm`` (imported when the first bar opens).
+
+Bars are drawn on global rank 0 only. To keep the per-step cost near zero the bar counts
+batches and redraws at most every ``refresh_interval`` seconds; only then are the ``prog_bar``
+metrics read (the one moment their values leave the device).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.trainer.callbacks.callback import Callback
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.trainer import Trainer
+
+
+class ProgressBar(Callback):
+    """Base class for progress bars; the Trainer adds a :class:`TQDMProgressBar` unless one is given."""
+
+    _enabled = True
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def get_metrics(self, trainer: Trainer, pl_module: TrainingModule) -> dict[str, float | str]:
+        """What the bar shows next to the counts: the ``prog_bar=True`` metrics."""
+        return dict(trainer.progress_bar_metrics)
+
+
+class _Bar:
+    """One tqdm bar with throttled redraws."""
+
+    def __init__(self, description: str, total: float, leave: bool, position: int, interval: float) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            desc=description,
+            total=None if math.isinf(total) else int(total),
+            leave=leave,
+            position=position,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=0,
+            smoothing=0,
+        )
+        self.pending = 0
+        self.interval = interval
+        self.next_draw = 0.0
+
+    def advance(self, postfix: Any = None) -> None:
+        self.pending += 1
+        now = time.monotonic()
+        if now >= self.next_draw:
+            self.draw(postfix, now)
+
+    def draw(self, postfix: Any = None, now: float | None = None) -> None:
+        if postfix is not None:
+            metrics = postfix() if callable(postfix) else postfix
+            if metrics:
+                self.bar.set_postfix({k: _short(v) for k, v in metrics.items()}, refresh=False)
+        self.bar.update(self.pending)
+        self.pending = 0
+        self.next_draw = (now if now is not None else time.monotonic()) + self.interval
+
+    def close(self, postfix: Any = None) -> None:
+        self.draw(postfix)
+        self.bar.close()
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+class TQDMProgressBar(ProgressBar):
+    """Bars for training epochs, validation, test and predict, drawn with ``tqdm`` on global rank 0.
+
+    Args:
+        refresh_interval: the least time in seconds between two redraws.
+        leave: keep each epoch's training bar on screen when the next begins.
+    """
+
+    def __init__(self, refresh_interval: float = 0.1, leave: bool = True) -> None:
+        if refresh_interval < 0:
+            raise ValueError(f"TQDMProgressBar(refresh_interval={refresh_interval}); use a value >= 0.")
+        self.refresh_interval = refresh_interval
+        self.leave = leave
+        self._train: _Bar | None = None
+        self._eval: _Bar | None = None
+
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        if not trainer.is_global_zero:
+            self.disable()
+
+    def teardown(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        for bar in (self._train, self._eval):
+            if bar is not None:
+                bar.bar.close()
+        self._train = self._eval = None  # tqdm objects must not travel with a pickled Trainer
+
+    def _metrics(self, trainer: Trainer, pl_module: TrainingModule) -> Any:
+        return lambda: self.get_metrics(trainer, pl_module)
+
+    # -- training -------------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        if not self._enabled:
+            return
+        total = trainer.num_training_batches
+        self._train = _Bar(f"Epoch {trainer.current_epoch}", total, self.leave, 0, self.refresh_interval)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bar = self._train
+        if bar is not None:
+            bar.advance(self._metrics(trainer, pl_module))
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        if self._train is not None:
+            self._train.close(self._metrics(trainer, pl_module))
+            self._train = None
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def _open_eval(self, trainer: Trainer, description: str, stage: str) -> None:
+        if not self._enabled:
+            return
+        from drivetrain.trainer.state import RunningStage
+
+        lengths = trainer._data.eval_loaders(RunningStage(stage))[1]
+        total = sum(lengths) if lengths else 0
+        position = 1 if self._train is not None else 0
+        self._eval = _Bar(description, total, False, position, self.refresh_interval)
+
+    def _advance_eval(self) -> None:
+        if self._eval is not None:
+            self._eval.advance()
+
+    def _close_eval(self) -> None:
+        if self._eval is not None:
+            self._eval.close()
+            self._eval = None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        stage = "sanity_check" if trainer.sanity_checking else "validate"
+        self._open_eval(trainer, "Sanity checking" if trainer.sanity_checking else "Validation", stage)
+
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._advance_eval()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._close_eval()
+        if self._train is not None and not trainer.sanity_checking:
+            self._train.draw(self._metrics(trainer, pl_module))
+
+    def on_test_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._open_eval(trainer, "Testing", "test")
+
+    def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._advance_eval()
+
+    def on_test_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._close_eval()
+
+    def on_predict_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._open_eval(trainer, "Predicting", "predict")
+
+    def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self._advance_eval()
+
+    def on_predict_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._close_eval()
+
+    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "")

@@ -1,0 +1,83 @@
+"""The callback list of a Trainer: the user's, plus the defaults the ``enable_*`` flags ask for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drivetrain.trainer.callbacks.callback import Callback
+
+
+def configure_callbacks(
+    callbacks: Any,
+    *,
+    enable_progress_bar: bool,
+    enable_checkpointing: bool,
+    enable_model_summary: bool,
+    fast_dev_run: bool = False,
+) -> list[Callback]:
+    """Check the user's callbacks, add the default ones, and put checkpointing last.
+
+    Checkpoint callbacks run after the others so that what they save includes the others'
+    state as of this step (an EarlyStopping counter, say).
+    """
+    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
+    from drivetrain.trainer.callbacks.model_summary import ModelSummary
+    from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+
+    for flag, value in (
+        ("enable_progress_bar", enable_progress_bar),
+        ("enable_checkpointing", enable_checkpointing),
+        ("enable_model_summary", enable_model_summary),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} expects True or False, got {value!r}.")
+    given = (
+        [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    )
+    for callback in given:
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                f"callbacks= expects drivetrain Callback instances, got {type(callback).__name__} ({callback!r}). "
+                f"Subclass drivetrain.trainer.callbacks.Callback."
+            )
+    result = list(given)
+    _default("progress bar", ProgressBar, TQDMProgressBar, result, enable_progress_bar, "enable_progress_bar")
+    _default(
+        "checkpoint callback",
+        ModelCheckpoint,
+        ModelCheckpoint,
+        result,
+        enable_checkpointing,
+        "enable_checkpointing",
+        add=not fast_dev_run,  # a smoke test writes no checkpoints
+    )
+    _default(
+        "model summary", ModelSummary, ModelSummary, result, enable_model_summary, "enable_model_summary"
+    )
+    checkpoints = [cb for cb in result if isinstance(cb, ModelCheckpoint)]
+    keys = [cb.state_key for cb in result]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(
+            f"Two callbacks have the same state key {duplicates[0]!r}, so their checkpointed state would collide. "
+            f"Give them different settings, or use one."
+        )
+    return [cb for cb in result if not isinstance(cb, ModelCheckpoint)] + checkpoints
+
+
+def _default(
+    what: str,
+    base: type,
+    default: type,
+    callbacks: list[Callback],
+    enabled: bool,
+    flag: str,
+    add: bool = True,
+) -> None:
+    present = any(isinstance(cb, base) for cb in callbacks)
+    if present and not enabled:
+        raise ValueError(
+            f"{flag}=False but callbacks= contains a {what} ({base.__name__}). Remove it, or set {flag}=True."
+        )
+    if enabled and not present and add:
+        callbacks.append(default())

@@ -1,0 +1,1 @@
+"""The Trainer's loops: fit (training with validation), evaluation (validate, test) and prediction."""

@@ -1,0 +1,231 @@
+"""The fit loop: epochs of training batches, with validation, logging and stopping in between.
+
+As pseudocode (hooks in brackets; ``*`` marks where a checkpoint may be taken)::
+
+    [on_fit_start]  sanity check  [on_train_start]
+    while not done:
+        [on_train_epoch_start]
+        for batch in this rank's share (resuming after the last finished batch):
+            [on_train_batch_start]  training_step → backward → clip → optimizer step
+            [on_train_batch_end]*   log every log_every_n_steps   validation if due*
+        epoch values reduced   validation if due at epoch end*
+        [on_train_epoch_end]*   epoch values logged   epoch schedulers step
+    [on_train_end]  [on_fit_end]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.trainer.data import resumed_iterator, set_sampler_epoch
+from drivetrain.trainer.optimizers import step_schedulers
+from drivetrain.trainer.state import RunningStage
+from drivetrain.utilities.seed import collect_rng_states, restore_rng_states
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.trainer import Trainer
+
+
+class FitLoop:
+    """Runs ``Trainer.fit`` inside one process, after the model and data are set up."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        settings = trainer._settings
+        self.settings = settings
+        self.num_batches: float = trainer._data.num_training_batches
+        self.val_check_batch = self._val_check_batch()
+        self._deadline: float | None = None
+        self._last_flag = False
+
+    # -- schedule -------------------------------------------------------------------------
+    def _val_check_batch(self) -> float | None:
+        trainer, settings = self.trainer, self.settings
+        if not trainer._data.validation_enabled:
+            return None
+        interval = settings.val_check_interval
+        if isinstance(interval, float):
+            if math.isinf(self.num_batches):
+                if interval != 1.0:
+                    raise ValueError(
+                        f"val_check_interval={interval} is a fraction of an epoch, but the training loader has no "
+                        f"length. Pass an int number of batches instead."
+                    )
+                return math.inf
+            return float(max(1, int(self.num_batches * interval)))
+        if settings.check_val_every_n_epoch is not None and interval > self.num_batches:
+            raise ValueError(
+                f"val_check_interval={interval} is more than the {int(self.num_batches)} training batches of an epoch, "
+                f"so validation would never run. Use a smaller value, or check_val_every_n_epoch=None to count "
+                f"batches across epochs."
+            )
+        return float(interval)
+
+    def _val_due(self, batches_done: int) -> bool:
+        every_n = self.settings.check_val_every_n_epoch
+        progress = self.trainer._progress
+        if every_n is None:
+            return progress.total_batches % self.settings.val_check_interval == 0
+        if (progress.epoch + 1) % every_n:
+            return False
+        return batches_done % self.val_check_batch == 0  # type: ignore[operator]
+
+    # -- stopping ---------------------------------------------------------------------------
+    def _stop_requested(self) -> bool:
+        trainer, settings = self.trainer, self.settings
+        return trainer.should_stop and trainer._progress.epoch >= settings.min_epochs
+
+    def _out_of_time(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def done(self) -> bool:
+        progress, settings = self.trainer._progress, self.settings
+        if settings.max_steps != -1 and progress.global_step >= settings.max_steps:
+            return True
+        if settings.max_epochs != -1 and progress.epoch >= settings.max_epochs:
+            return True
+        return self._stop_requested() or self._out_of_time()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        trainer = self.trainer
+        hooks = trainer._hooks
+        if self.settings.max_time is not None:
+            self._deadline = time.monotonic() + self.settings.max_time.total_seconds()
+        hooks.call("on_fit_start")
+        if self._sanity_steps() and not trainer._restored:
+            trainer._run_evaluation(RunningStage.SANITY_CHECKING)
+        trainer._restore_rng_if_resuming()
+        hooks.call("on_train_start")
+        while not self.done():
+            self.run_epoch()
+        hooks.call("on_train_end")
+        hooks.call("on_fit_end")
+
+    def _sanity_steps(self) -> int:
+        if self.val_check_batch is None:
+            return 0
+        return self.settings.num_sanity_val_steps
+
+    def run_epoch(self) -> None:
+        trainer = self.trainer
+        progress = trainer._progress
+        hooks = trainer._hooks
+        results = trainer._train_results
+        trainer._model.train()
+        trainer._module._results = results
+        resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
+        if not progress.epoch_finished:
+            if not resuming:
+                results.reset()
+                results.batch_level = False
+                hooks.call("on_train_epoch_start")
+            results.batch_level = True
+            self._run_batches(self._epoch_iterator(resuming))
+            results.batch_level = False
+            if math.isinf(self.num_batches) and self.val_check_batch == math.inf:
+                every_n = self.settings.check_val_every_n_epoch or 1
+                progress.validation_pending = (progress.epoch + 1) % every_n == 0
+            results.reduce_epoch()
+            if progress.validation_pending:
+                trainer._run_validation()
+            progress.epoch_finished = True
+            hooks.call("on_train_epoch_end")
+            trainer._metrics.log(results.epoch_metrics(logger_only=True), step=progress.global_step)
+        # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
+        if trainer._module.automatic_optimization:  # manual optimisation steps its schedulers itself
+            step_schedulers(trainer._scheduler_configs, "epoch", progress.epoch + 1, trainer.callback_metrics)
+        trainer._metrics.persist(results)
+        results.end_epoch()
+        progress.epoch += 1
+        progress.batches_done = 0
+        progress.epoch_finished = False
+        progress.epoch_rng = None
+
+    def _epoch_iterator(self, resuming: bool) -> Iterator[Any]:
+        trainer = self.trainer
+        progress = trainer._progress
+        loader = trainer._data.train_loader
+        if resuming:
+            # Recreate the epoch's order from the generators as they were at its start, skip the
+            # batches already trained on, then continue with the generators as the checkpoint left them.
+            resume_states = collect_rng_states()
+            if progress.epoch_rng is not None:
+                restore_rng_states(progress.epoch_rng)
+            set_sampler_epoch(loader, progress.epoch)
+            iterator = resumed_iterator(
+                loader, progress.batches_done, lambda: restore_rng_states(resume_states)
+            )
+        else:
+            set_sampler_epoch(loader, progress.epoch)
+            progress.epoch_rng = collect_rng_states()
+            iterator = iter(loader)
+        if math.isinf(self.num_batches) and self.settings.accumulate_grad_batches > 1:
+            return self._flag_last(iterator)
+        return iterator
+
+    def _flag_last(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """Look one batch ahead so the last batch of an unsized loader closes its accumulation window."""
+        self._last_flag = False
+        try:
+            current = next(iterator)
+        except StopIteration:
+            return
+        for upcoming in iterator:
+            yield current
+            current = upcoming
+        self._last_flag = True
+        yield current
+
+    def _run_batches(self, iterator: Iterator[Any]) -> None:
+        trainer = self.trainer
+        settings = self.settings
+        progress = trainer._progress
+        hooks = trainer._hooks
+        results = trainer._train_results
+        metrics = trainer._metrics
+        step = trainer._optimization.step
+        to_device = trainer._batch_to_device
+        limit = self.num_batches
+        accumulate = settings.accumulate_grad_batches
+        max_steps = settings.max_steps if settings.max_steps != -1 else math.inf
+        log_every = settings.log_every_n_steps
+        logging = bool(metrics.loggers) and metrics.is_global_zero
+        val_check = self.val_check_batch
+        timed = self._deadline is not None
+        batch_idx = progress.batches_done
+        for batch in iterator:
+            if batch_idx >= limit:
+                break
+            if to_device is not None:
+                batch = to_device(batch)
+            results.mark += 1
+            results.batch = batch
+            if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
+                break
+            last_in_window = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit
+            outputs = step(batch, batch_idx, last_in_window or self._last_flag)
+            batch_idx += 1
+            progress.batches_done = batch_idx
+            progress.total_batches += 1
+            val_due = val_check is not None and self._val_due(batch_idx)
+            if val_due:
+                progress.validation_pending = True
+            if hooks.on_train_batch_end is not None:
+                hooks.on_train_batch_end(outputs, batch, batch_idx - 1)
+            if logging and progress.total_batches % log_every == 0:
+                step_metrics = results.step_metrics()
+                if step_metrics:
+                    step_metrics["epoch"] = progress.epoch
+                    metrics.log(step_metrics, step=progress.global_step)
+            if val_due and batch_idx < limit:
+                trainer._run_validation()
+                results.batch_level = True
+                trainer._module._results = results
+            if progress.global_step >= max_steps or (trainer.should_stop and self._stop_requested()):
+                break
+            if timed and self._out_of_time():
+                break

@@ -1,0 +1,73 @@
+"""The prediction loop: ``predict_step`` over every batch, outputs gathered from all ranks in order.
+
+Each rank predicts a contiguous share of the data (see :mod:`drivetrain.trainer.data`), so
+rank 0's outputs followed by rank 1's … are in dataset order; the lists are gathered to every
+rank at the end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.trainer.logging import ResultCollection
+from drivetrain.trainer.loops.evaluation import grad_context, step_function
+from drivetrain.trainer.state import RunningStage
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.trainer import Trainer
+
+
+class PredictionLoop:
+    """Runs ``Trainer.predict`` in this process; returns the predictions (one list per loader when several)."""
+
+    def __init__(self, trainer: Trainer, return_predictions: bool) -> None:
+        self.trainer = trainer
+        self.return_predictions = return_predictions
+
+    def run(self) -> Any:
+        trainer = self.trainer
+        hooks = trainer._hooks
+        module = trainer._module
+        loaders, lengths = trainer._data.eval_loaders(RunningStage.PREDICTING)
+        trainer.state.stage = RunningStage.PREDICTING
+        module._results = ResultCollection(training=False)
+        trainer._model.eval()
+        step = step_function(trainer, "predict_step")
+        batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
+        to_device = trainer._batch_to_device
+        several = len(loaders) > 1
+        outputs: list[list[Any]] = []
+        hooks.call("on_predict_start")
+        hooks.call("on_predict_epoch_start")
+        with grad_context(trainer):
+            for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
+                collected: list[Any] = []
+                extra = (dataloader_idx,) if several else ()
+                for batch_idx, batch in enumerate(loader):
+                    if batch_idx >= length:
+                        break
+                    if to_device is not None:
+                        batch = to_device(batch)
+                    if batch_start is not None:
+                        batch_start(batch, batch_idx, dataloader_idx)
+                    output = step(batch, batch_idx, *extra)
+                    if batch_end is not None:
+                        batch_end(output, batch, batch_idx, dataloader_idx)
+                    if self.return_predictions:
+                        collected.append(output)
+                outputs.append(collected)
+        hooks.call("on_predict_epoch_end")
+        hooks.call("on_predict_end")
+        if not self.return_predictions:
+            return None
+        outputs = [self._gather(collected) for collected in outputs]
+        return outputs if several else (outputs[0] if outputs else [])
+
+    def _gather(self, collected: list[Any]) -> list[Any]:
+        strategy = self.trainer.strategy
+        if strategy.world_size == 1:
+            return collected
+        from drivetrain.utilities.apply import move_to_device
+
+        gathered = strategy.all_gather_object(move_to_device(collected, "cpu"))
+        return [output for rank_outputs in gathered for output in rank_outputs]

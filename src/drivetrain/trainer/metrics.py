@@ -1,0 +1,108 @@
+"""Where logged values go: the loggers (rank 0), ``callback_metrics`` and the progress bar.
+
+The Trainer keeps the epoch values of finished epochs and validation runs here; the values
+of the epoch in progress are read from the training :class:`ResultCollection` when asked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from drivetrain.loggers.logger import Logger, metrics_to_floats
+from drivetrain.trainer.logging import ResultCollection
+
+
+def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
+    """``logger=True`` (a CSVLogger under ``default_root_dir``), ``False``/``None``, a Logger, or a list of them."""
+    if logger is True:
+        from drivetrain.loggers.csv_logs import CSVLogger
+
+        return [CSVLogger(default_root_dir)]
+    if logger is False or logger is None:
+        return []
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise TypeError(
+                f"logger= expects True, False, a drivetrain.loggers.Logger or a list of them, got {type(item).__name__} "
+                f"({item!r})."
+            )
+    return loggers
+
+
+class MetricsHub:
+    """The Trainer's view of logged values, and the one place that writes to loggers."""
+
+    def __init__(self, loggers: list[Logger]) -> None:
+        self.loggers = loggers
+        self.persisted: dict[str, Tensor | float] = {}
+        self.persisted_prog_bar: dict[str, Tensor | float] = {}
+        self.logged: dict[str, float] = {}
+        self.train: ResultCollection | None = None
+        self.is_global_zero = True
+
+    # -- reading ------------------------------------------------------------------------------
+    def callback_metrics(self) -> dict[str, Any]:
+        metrics: dict[str, Any] = dict(self.persisted)
+        train = self.train
+        if train is not None:
+            metrics.update(train.epoch_values)
+            metrics.update(train.live_metrics())
+        return metrics
+
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The ``prog_bar=True`` values as numbers (this reads device values: call it only to display)."""
+        metrics: dict[str, Any] = dict(self.persisted_prog_bar)
+        train = self.train
+        if train is not None:
+            metrics.update(train.epoch_metrics(prog_bar_only=True))
+            metrics.update(train.live_metrics(prog_bar_only=True))
+        return metrics_to_floats(metrics)
+
+    # -- recording -----------------------------------------------------------------------------
+    def persist(self, collection: ResultCollection) -> None:
+        """Keep a finished epoch's (or validation run's) values for callback_metrics and the progress bar."""
+        self.persisted.update(collection.live_metrics())
+        self.persisted.update(collection.epoch_values)
+        self.persisted_prog_bar.update(collection.live_metrics(prog_bar_only=True))
+        self.persisted_prog_bar.update(collection.epoch_metrics(prog_bar_only=True))
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Send ``metrics`` to every logger (global rank 0 only)."""
+        if not metrics or not self.is_global_zero or not self.loggers:
+            return
+        values = metrics_to_floats(metrics)
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)
+        self.logged.update(values)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        if self.is_global_zero and params:
+            for logger in self.loggers:
+                logger.log_hyperparams(dict(params))
+
+    def finalize(self, status: str) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.finalize(status)
+
+    def log_dir(self, default_root_dir: str) -> str:
+        """The first logger's run folder, else ``default_root_dir``."""
+        for logger in self.loggers:
+            if logger.log_dir is not None:
+                return logger.log_dir
+        return default_root_dir
+
+    def checkpoint_dir(self, default_root_dir: str) -> str:
+        """Where checkpoints go by default: ``<log_dir>/checkpoints``."""
+        for logger in self.loggers:
+            if logger.save_dir is not None:
+                name, version = logger.name, logger.version
+                version_folder = version if isinstance(version, str) else f"version_{version}"
+                return os.path.join(logger.save_dir, name or "", version_folder, "checkpoints")
+        return str(Path(default_root_dir) / "checkpoints")

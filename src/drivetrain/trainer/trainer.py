@@ -1,0 +1,468 @@
+"""``Trainer``: runs a :class:`TrainingModule` through fit, validate, test and predict on any strategy.
+
+The Trainer resolves its hardware settings with :func:`drivetrain.connect` when it is built
+and talks to devices and processes only through the Strategy that returns. Each entry point
+starts the strategy's processes (``strategy.launcher.launch``) and runs :meth:`Trainer._run_stage`
+in every one of them; the loops, hooks, logging, data and checkpointing live in their own
+modules of this package.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from drivetrain.connector import connect
+from drivetrain.loggers.logger import Logger
+from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+from drivetrain.strategies.strategy import Strategy
+from drivetrain.trainer import checkpointing
+from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.config import build_settings
+from drivetrain.trainer.data_connector import DataConnector
+from drivetrain.trainer.datamodule import DataModule
+from drivetrain.trainer.default_callbacks import configure_callbacks
+from drivetrain.trainer.hooks import HookRunner
+from drivetrain.trainer.logging import ResultCollection
+from drivetrain.trainer.loops.evaluation import EvaluationLoop
+from drivetrain.trainer.loops.fit import FitLoop
+from drivetrain.trainer.loops.optimization import Optimization
+from drivetrain.trainer.loops.prediction import PredictionLoop
+from drivetrain.trainer.metrics import MetricsHub, resolve_loggers
+from drivetrain.trainer.model_setup import setup_model
+from drivetrain.trainer.module import TrainingModule
+from drivetrain.trainer.process_results import absorb_output, stage_output
+from drivetrain.trainer.properties import TrainerProperties
+from drivetrain.trainer.run_context import torch_flags
+from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn, TrainerState, TrainerStatus
+from drivetrain.utilities.seed import restore_rng_states
+
+
+class Trainer(TrainerProperties):
+    """Train, validate, test and predict with a :class:`TrainingModule` on any hardware and strategy.
+
+    Args:
+        accelerator: ``"auto"``, a registered name (``"cpu"``, ``"cuda"``, ``"gpu"``, a user's ``"xpu"``)
+            or an :class:`~drivetrain.accelerators.Accelerator` instance.
+        strategy: ``"auto"``, a registered name (``"ddp"``, ``"ddp_spawn"``, ``"fsdp"`` …) or a Strategy.
+        devices: ``"auto"``, a count, ``-1`` for all, or device indices.
+        num_nodes: how many nodes the job spans.
+        precision: ``"32-true"`` (default), ``"bf16-mixed"``, ``"16-mixed"``, ``"64-true"`` … or a Precision.
+        plugins: Precision, CheckpointIO and ClusterEnvironment instances.
+        max_epochs: stop after this many epochs (default 1000 when no other limit is set; -1: no limit).
+        min_epochs: train at least this many epochs even when asked to stop.
+        max_steps: stop after this many optimizer steps (-1: no limit).
+        max_time: stop after this long (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict).
+        limit_train_batches: batches per training epoch (an int) or fraction of the loader (a float).
+        limit_val_batches: the same for validation (0 disables validation).
+        limit_test_batches: the same for test.
+        limit_predict_batches: the same for predict.
+        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
+        check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
+            batches across epochs).
+        num_sanity_val_steps: validation batches run before training, to catch bugs early (-1: all).
+        accumulate_grad_batches: step the optimizer every this many batches.
+        gradient_clip_val: clip gradients to this total norm (or value); ``None`` for no clipping.
+        gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
+        callbacks: a :class:`Callback` or a list of them.
+        logger: ``True`` (a CSVLogger under ``default_root_dir``), ``False``, a Logger or a list.
+        log_every_n_steps: send step metrics to the loggers every this many batches.
+        enable_progress_bar: show a progress bar (tqdm) on global rank 0.
+        enable_checkpointing: add a ``ModelCheckpoint`` (last epoch) unless one is given.
+        enable_model_summary: print the module's layers and parameter counts at fit start.
+        default_root_dir: where logs and checkpoints go by default (the working directory).
+        deterministic: ``torch.use_deterministic_algorithms`` for the run (``"warn"``: warn only).
+        benchmark: ``torch.backends.cudnn.benchmark`` for the run.
+        fast_dev_run: run n batches (``True``: 1) of every stage, without loggers or checkpoints.
+        use_distributed_sampler: shard the loaders across processes automatically.
+        inference_mode: evaluate under ``torch.inference_mode`` (else ``torch.no_grad``).
+
+    Example:
+        >>> trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3)  # doctest: +SKIP
+        >>> trainer.fit(model, datamodule=data)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: str | Any = "auto",
+        strategy: str | Strategy = "auto",
+        devices: int | str | Sequence[int] = "auto",
+        num_nodes: int = 1,
+        precision: str | int | Any | None = None,
+        plugins: Any = None,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        max_time: Any = None,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+        callbacks: Callback | list[Callback] | None = None,
+        logger: bool | Logger | list[Logger] = True,
+        log_every_n_steps: int = 50,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+        enable_model_summary: bool = True,
+        default_root_dir: str | Path | None = None,
+        deterministic: bool | str | None = None,
+        benchmark: bool | None = None,
+        fast_dev_run: bool | int = False,
+        use_distributed_sampler: bool = True,
+        inference_mode: bool = True,
+    ) -> None:
+        self._strategy = connect(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugins,
+        )
+        self._settings = build_settings(
+            max_epochs=max_epochs,
+            min_epochs=min_epochs,
+            max_steps=max_steps,
+            max_time=max_time,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps,
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            log_every_n_steps=log_every_n_steps,
+            fast_dev_run=fast_dev_run,
+            inference_mode=inference_mode,
+        )
+        if deterministic not in (None, True, False, "warn"):
+            raise ValueError(f"deterministic={deterministic!r}; use True, False, 'warn' or None.")
+        if benchmark not in (None, True, False):
+            raise ValueError(f"benchmark={benchmark!r}; use True, False or None.")
+        if not isinstance(use_distributed_sampler, bool):
+            raise TypeError(
+                f"use_distributed_sampler expects True or False, got {use_distributed_sampler!r}."
+            )
+        self._deterministic = deterministic
+        self._benchmark = benchmark
+        self._use_distributed_sampler = use_distributed_sampler
+        self._default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        fast = self._settings.fast_dev_run > 0
+        self._metrics = MetricsHub([] if fast else resolve_loggers(logger, self._default_root_dir))
+        self._callbacks = configure_callbacks(
+            callbacks,
+            enable_progress_bar=enable_progress_bar,
+            enable_checkpointing=enable_checkpointing,
+            enable_model_summary=enable_model_summary,
+            fast_dev_run=fast,
+        )
+        self.state = TrainerState()
+        self.should_stop = False
+        self._progress = FitProgress()
+        self._data = DataConnector(self)
+        # The module and what the strategy made of it, for the entry point running (set by _begin/_run_stage).
+        self._module: TrainingModule = None  # type: ignore[assignment]
+        self._model: nn.Module = None  # type: ignore[assignment]
+        self._optimizers: list[Any] = []
+        self._scheduler_configs: list[Any] = []
+        self._manual_optimizers: list[Any] = []
+        self._optimization = Optimization(self)
+        self._hooks: Any = None
+        self._train_results: ResultCollection = None  # type: ignore[assignment]  # created by each fit
+        self._batch_to_device: Any = None
+        self._ckpt_path: str | None = None
+        self._ckpt_request: str | None = None
+        self._validations_run = 0
+        self._restored = False
+        self._pending_rng: dict[str, Any] | None = None
+        self._strategy_ready = False
+        self._ran_here = False
+        self._return_predictions = True
+
+    # -- entry points -----------------------------------------------------------------------
+    def fit(
+        self,
+        model: TrainingModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | Path | None = None,
+    ) -> None:
+        """Train ``model``, validating as configured.
+
+        Args:
+            model: the module to train (updated in place, also under ``ddp_spawn``).
+            train_dataloaders: a loader (or any iterable of batches); or a DataModule.
+            val_dataloaders: a loader or a list of loaders.
+            datamodule: provides the loaders instead.
+            ckpt_path: resume from this checkpoint, or ``"last"`` for the newest ``last.ckpt``
+                of the checkpoint callbacks (a warning, and a fresh start, when there is none).
+        """
+        if isinstance(train_dataloaders, DataModule):
+            datamodule, train_dataloaders = train_dataloaders, None
+        self._begin(
+            TrainerFn.FITTING, model, datamodule, ckpt_path, train=train_dataloaders, val=val_dataloaders
+        )
+        self._launch()
+
+    def validate(
+        self,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run validation once; returns one dict of epoch metrics per loader (reduced across processes)."""
+        return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule, "val")
+
+    def test(
+        self,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run the test loop; returns one dict of epoch metrics per loader (reduced across processes)."""
+        return self._evaluate(TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule, "test")
+
+    def predict(
+        self,
+        model: TrainingModule | None = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        return_predictions: bool = True,
+        ckpt_path: str | Path | None = None,
+    ) -> Any:
+        """Run ``predict_step`` over the data; returns the outputs of all processes, in dataset order.
+
+        One list of batch outputs (a list of such lists for several loaders). In a multi-process
+        run every process returns the complete list.
+        """
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        self._return_predictions = return_predictions
+        self._begin(TrainerFn.PREDICTING, model, datamodule, ckpt_path, predict=dataloaders)
+        return self._launch()
+
+    def _evaluate(
+        self,
+        fn: TrainerFn,
+        model: TrainingModule | None,
+        dataloaders: Any,
+        ckpt_path: str | Path | None,
+        verbose: bool,
+        datamodule: DataModule | None,
+        prefix: str,
+    ) -> list[dict[str, float]]:
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        self._begin(fn, model, datamodule, ckpt_path, **{prefix: dataloaders})
+        results = self._launch()
+        if verbose and self.is_global_zero:
+            from drivetrain.trainer.summary_table import print_results
+
+            print_results(fn.value, results)
+        return results
+
+    def _begin(
+        self,
+        fn: TrainerFn,
+        model: TrainingModule | None,
+        datamodule: DataModule | None,
+        ckpt_path: str | Path | None,
+        **loaders: Any,
+    ) -> None:
+        if model is None:
+            if self._module is None:
+                raise ValueError(f"Trainer.{fn.value}() needs a model: pass it as the first argument.")
+            model = self._module
+        if not isinstance(model, TrainingModule):
+            raise TypeError(
+                f"Trainer.{fn.value}() expects a drivetrain.TrainingModule, got {type(model).__name__}. Subclass "
+                f"TrainingModule and define training_step/configure_optimizers (and the steps you need)."
+            )
+        self._module = model
+        self._data.attach(datamodule, **loaders)
+        if ckpt_path is not None and ckpt_path not in ("last", "best"):
+            ckpt_path = os.fspath(ckpt_path)
+            if not os.path.exists(ckpt_path):
+                raise FileNotFoundError(
+                    f"ckpt_path='{ckpt_path}' does not exist (resolved to '{Path(ckpt_path).resolve()}')."
+                )
+        if ckpt_path == "best" and fn == TrainerFn.FITTING:
+            raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
+        self._ckpt_request = ckpt_path
+        self.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
+        if fn == TrainerFn.FITTING:
+            self.should_stop = False
+            self._progress = FitProgress()
+            self._validations_run = 0
+
+    # -- running in every process ---------------------------------------------------------------
+    def _launch(self) -> Any:
+        self._ran_here = False
+        launcher = self.strategy.launcher
+        if self.strategy.is_global_zero:
+            for logger in self.loggers:
+                _ = logger.version  # fixed here, so ranks in new processes write where this process looks
+        try:
+            output = launcher.launch(self._run_stage) if launcher is not None else self._run_stage()
+        except BaseException:
+            self.state.status = TrainerStatus.INTERRUPTED
+            raise
+        if not self._ran_here:
+            absorb_output(self, output)  # the ranks ran in other processes (spawn/fork)
+        self.state.status = TrainerStatus.FINISHED
+        self.state.stage = None
+        return output["results"] if output is not None else None
+
+    def _run_stage(self) -> dict[str, Any]:
+        """Everything one process does for the current entry point; returns what the caller gets."""
+        self._ran_here = True
+        strategy = self.strategy
+        fn = self.state.fn
+        assert fn is not None and self._module is not None
+        module = self._module
+        strategy.setup_environment()
+        strategy.setup(self)
+        self._strategy_ready = True
+        self._metrics.is_global_zero = strategy.is_global_zero
+        module.__dict__["_trainer"] = self
+        datamodule = self._data.datamodule
+        if datamodule is not None:
+            datamodule.trainer = self
+        self._hooks = HookRunner(self, module, self._callbacks, TrainingModule, Callback)
+        self._restored = False
+        self._pending_rng = None
+        stage = fn.value
+        fitting = fn == TrainerFn.FITTING
+        status = "success"
+        try:
+            with torch_flags(self._deterministic, self._benchmark, strategy.root_device):
+                self._prepare_data(datamodule, stage)
+                self._hooks.call("setup", stage)
+                self._ckpt_path = checkpointing.resolve_ckpt_path(self, fn, self._ckpt_request)
+                self._model, self._optimizers, self._scheduler_configs = setup_model(
+                    self, with_optimizers=fitting, restoring=self._ckpt_path is not None
+                )
+                self._batch_to_device = _batch_mover(strategy)
+                self._train_results = (
+                    ResultCollection(True, *_collectives(strategy)) if fitting else self._train_results
+                )
+                self._metrics.train = self._train_results if fitting else self._metrics.train
+                self._data.setup(fn)
+                results = self._run_entry_point(fn)
+            return stage_output(self, fn, results)
+        except BaseException as error:
+            status = "failed" if not isinstance(error, KeyboardInterrupt) else "aborted"
+            self.state.status = TrainerStatus.INTERRUPTED
+            if self._hooks.on_exception is not None:
+                self._hooks.on_exception(error)
+            raise
+        finally:
+            try:
+                self._hooks.call("teardown", stage)
+                if datamodule is not None:
+                    datamodule.teardown(stage)
+                self._metrics.finalize(status)
+            finally:
+                module._results = None
+                self._strategy_ready = False
+                self._teardown_strategy()
+
+    def _teardown_strategy(self) -> None:
+        strategy = self.strategy
+        if isinstance(strategy.launcher, SubprocessScriptLauncher):
+            # These processes run the script's next entry point too (fit, then test): keep the process
+            # group, which cannot be re-created on the same rendezvous port, and release the plugins only.
+            # The launcher destroys the group at exit.
+            strategy.precision.teardown()
+            strategy.checkpoint_io.teardown()
+        else:
+            strategy.teardown()
+
+    def _run_entry_point(self, fn: TrainerFn) -> Any:
+        if fn == TrainerFn.FITTING:
+            self._optimization.setup(self._optimizers, self._scheduler_configs)
+            if self._ckpt_path is not None:
+                checkpointing.restore_training_state(self, self._ckpt_path)
+            self._metrics.log_hyperparams(self._hyperparameters())
+            self.state.stage = RunningStage.TRAINING
+            FitLoop(self).run()
+            return None
+        if self._ckpt_path is not None:
+            checkpointing.restore_weights(self, self._ckpt_path)
+        if fn == TrainerFn.PREDICTING:
+            return PredictionLoop(self, self._return_predictions).run()
+        stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
+        return self._run_evaluation(stage)
+
+    def _prepare_data(self, datamodule: DataModule | None, stage: str) -> None:
+        if datamodule is None:
+            return
+        if self.strategy.local_rank == 0:
+            datamodule.prepare_data()
+        self.strategy.barrier("prepare_data")
+        datamodule.setup(stage)
+
+    def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
+        return EvaluationLoop(self, stage).run()
+
+    def _run_validation(self) -> None:
+        """Validation inside fit (the fit loop calls this when it is due)."""
+        self._progress.validation_pending = False
+        self._validations_run += 1
+        self._run_evaluation(RunningStage.VALIDATING)
+        self._module._results = self._train_results
+        self.state.stage = RunningStage.TRAINING
+
+    def _restore_rng_if_resuming(self) -> None:
+        if self._pending_rng is not None:
+            restore_rng_states(self._pending_rng)
+            self._pending_rng = None
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        params = dict(self._module.hparams) if self._module is not None else {}
+        datamodule = self._data.datamodule
+        if datamodule is not None:
+            params.update(datamodule.hparams)
+        return params
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
+        """Save the training state to ``filepath`` through the strategy (call it on every process)."""
+        if self._model is None or not self._strategy_ready:
+            raise RuntimeError("save_checkpoint() works while fit() runs (from a callback or a module hook).")
+        checkpointing.save_checkpoint(self, filepath, weights_only)
+
+    def __repr__(self) -> str:
+        return f"Trainer(strategy={self._strategy!r}, fn={self.state.fn.value if self.state.fn else None})"
+
+
+def _collectives(strategy: Strategy) -> tuple[Any, Any]:
+    if strategy.world_size > 1:
+        return strategy.all_reduce, strategy.all_gather_object
+    return None, None
+
+
+def _batch_mover(strategy: Strategy) -> Any:
+    """``strategy.batch_to_device``, or ``None`` when it has nothing to do (CPU, not overridden)."""
+    if strategy.root_device.type == "cpu" and type(strategy).batch_to_device is Strategy.batch_to_device:
+        return None
+    return strategy.batch_to_device

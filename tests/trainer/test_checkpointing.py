@@ -1,0 +1,226 @@
+"""Checkpoints: a resumed run ends bit-identical to an uninterrupted one; top-k keeps the right files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import drivetrain as dt
+from drivetrain.trainer import Callback, ModelCheckpoint
+from trainer.trainer_models import (
+    Regression,
+    assert_same_weights,
+    loader,
+    quiet_trainer,
+    regression_data,
+    weights,
+)
+
+
+class Recipe(Regression):
+    """Adam, a per-step scheduler, dropout (RNG on every step) and an epoch-mean metric."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.02, dropout=0.3, optimizer="adam")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("epoch_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class Crash(Callback):
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer: dt.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated preemption")
+
+
+def _run(
+    tmp_path: Path, name: str, ckpt_path: str | None = None, crash_at: int | None = None, **kwargs: Any
+) -> tuple[Recipe, dt.Trainer]:
+    torch.manual_seed(1)
+    model = Recipe()
+    callbacks: list[Callback] = [
+        ModelCheckpoint(
+            dirpath=tmp_path / name, every_n_train_steps=3, save_top_k=-1, save_last=True, filename="{step}"
+        )
+    ]
+    if crash_at is not None:
+        callbacks.insert(0, Crash(crash_at))
+    trainer = quiet_trainer(max_epochs=3, callbacks=callbacks, enable_checkpointing=True, **kwargs)
+    data = loader(regression_data(60), batch_size=8, shuffle=True)  # 8 batches, the last one short
+    trainer.fit(model, data, loader(regression_data(16, seed=5)), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def test_resuming_mid_epoch_is_bit_identical(tmp_path: Path) -> None:
+    full_model, full = _run(tmp_path, "full")
+    # Resume from a checkpoint in the middle of the second epoch (step 12 = batch 4 of epoch 1).
+    resumed_model, resumed = _run(tmp_path, "resumed", ckpt_path=str(tmp_path / "full" / "step=12.ckpt"))
+    assert_same_weights(weights(resumed_model), weights(full_model))
+    assert resumed.global_step == full.global_step == 24
+    for a, b in zip(resumed.optimizers[0].state.values(), full.optimizers[0].state.values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+    assert (
+        resumed.lr_scheduler_configs[0].scheduler.get_last_lr()
+        == full.lr_scheduler_configs[0].scheduler.get_last_lr()
+    )
+    assert torch.equal(resumed.callback_metrics["epoch_loss"], full.callback_metrics["epoch_loss"])
+    assert torch.equal(resumed.callback_metrics["val_loss"], full.callback_metrics["val_loss"])
+
+
+def test_a_crashed_run_resumes_from_last_and_matches(tmp_path: Path) -> None:
+    full_model, _ = _run(tmp_path, "reference")
+    with pytest.raises(RuntimeError, match="simulated preemption"):
+        _run(tmp_path, "crashy", crash_at=10)  # last.ckpt holds step 9, in epoch 1
+    resumed_model, resumed = _run(tmp_path, "crashy", ckpt_path="last")
+    assert_same_weights(weights(resumed_model), weights(full_model))
+    assert resumed.current_epoch == 3
+
+
+def test_resuming_from_an_epoch_end_checkpoint(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    reference = Recipe()
+    start = weights(reference)
+    data = loader(regression_data(60), batch_size=8, shuffle=True)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}", save_top_k=-1)
+    trainer = quiet_trainer(max_epochs=3, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(reference, data)
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt"]
+    torch.manual_seed(123)  # a different start: everything must come from the checkpoint
+    model = Recipe()
+    model.load_state_dict(start)
+    trainer = quiet_trainer(max_epochs=3)
+    trainer.fit(model, data, ckpt_path=tmp_path / "epoch=0.ckpt")
+    assert_same_weights(weights(model), weights(reference))
+    assert trainer.global_step == 24
+
+
+def test_top_k_keeps_the_best_files_and_last(tmp_path: Path) -> None:
+    scores = iter([0.5, 0.3, 0.9, 0.1, 0.4, 0.2])
+
+    class Scored(Regression):
+        def on_validation_epoch_end(self) -> None:
+            self.log("score", next(scores))
+
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path,
+        monitor="score",
+        mode="min",
+        save_top_k=2,
+        save_last=True,
+        filename="{epoch}-{score:.1f}",
+    )
+    trainer = quiet_trainer(max_epochs=6, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(Scored(), loader(), loader())
+    assert sorted(os.listdir(tmp_path)) == ["epoch=3-score=0.1.ckpt", "epoch=5-score=0.2.ckpt", "last.ckpt"]
+    assert checkpoint.best_model_path == str(tmp_path / "epoch=3-score=0.1.ckpt")
+    assert checkpoint.best_model_score == pytest.approx(0.1)
+    assert set(checkpoint.best_k_models) == {
+        str(tmp_path / "epoch=3-score=0.1.ckpt"),
+        str(tmp_path / "epoch=5-score=0.2.ckpt"),
+    }
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert saved["epoch"] == 5 and saved["global_step"] == 48
+    result = trainer.test(ckpt_path="best", dataloaders=loader(), verbose=False)
+    assert result[0]["test_count"] == 64.0
+
+
+def test_max_mode_and_slashes_in_metric_names(tmp_path: Path) -> None:
+    class Accuracy(Regression):
+        def on_validation_epoch_end(self) -> None:
+            self.log("val/acc", float(self.current_epoch))
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/acc", mode="max", filename="{val/acc:.0f}")
+    trainer = quiet_trainer(max_epochs=3, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(Accuracy(), loader(), loader())
+    assert os.listdir(tmp_path) == ["val_acc=2.ckpt"]
+
+
+def test_default_checkpoint_goes_to_the_logger_version_folder(tmp_path: Path) -> None:
+    trainer = dt.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Regression(), loader())
+    folder = tmp_path / "drivetrain_logs" / "version_0" / "checkpoints"
+    assert os.listdir(folder) == ["epoch=1-step=16.ckpt"]
+    assert trainer.checkpoint_callback.best_model_path == str(folder / "epoch=1-step=16.ckpt")
+    restored = Regression.load_from_checkpoint(folder / "epoch=1-step=16.ckpt")
+    assert_same_weights(weights(restored), weights(trainer.training_module))
+
+
+def test_load_from_checkpoint_uses_saved_hyperparameters_and_overrides(tmp_path: Path) -> None:
+    model = Regression(features=4, lr=0.3)
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(model, loader())
+    path = tmp_path / "model.ckpt"
+    model.trainer.strategy.save_state(path, {"state_dict": model, "hyper_parameters": dict(model.hparams)})
+    restored = Regression.load_from_checkpoint(path, lr=0.01)
+    assert restored.hparams.lr == 0.01 and restored.hparams.features == 4
+    assert_same_weights(weights(restored), weights(model))
+
+
+def test_a_custom_checkpoint_io_writes_the_files(tmp_path: Path) -> None:
+    from drivetrain.plugins import TorchCheckpointIO
+
+    written: list[str] = []
+
+    class RecordingIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+            written.append(os.path.basename(path))
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}")
+    trainer = quiet_trainer(
+        max_epochs=2, callbacks=[checkpoint], enable_checkpointing=True, plugins=[RecordingIO()]
+    )
+    trainer.fit(Regression(), loader())
+    assert written == ["epoch=0.ckpt", "epoch=1.ckpt"]
+    assert os.listdir(tmp_path) == ["epoch=1.ckpt"]
+
+
+def test_module_and_callback_checkpoint_hooks_round_trip(tmp_path: Path) -> None:
+    class Extra(Regression):
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            checkpoint["extra"] = {"answer": 42}
+
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            self.loaded = checkpoint["extra"]
+
+    class Counting(Callback):
+        def __init__(self) -> None:
+            self.batches = 0
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.batches += 1
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"batches": self.batches}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            self.batches = state_dict["batches"]
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=5, save_top_k=-1)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Counting(), checkpoint], enable_checkpointing=True)
+    trainer.fit(Extra(), loader())
+    counting, model = Counting(), Extra()
+    trainer = quiet_trainer(max_epochs=1, callbacks=[counting])
+    trainer.fit(model, loader(), ckpt_path=tmp_path / "step=5.ckpt")
+    assert model.loaded == {"answer": 42}
+    assert counting.batches == 8  # 5 restored + the 3 batches left of the epoch

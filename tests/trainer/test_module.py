@@ -1,0 +1,80 @@
+"""TrainingModule and DataModule: hyperparameters, the trainer reference, predict, pickling."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from argparse import Namespace
+from typing import Any
+
+import pytest
+import torch
+
+import drivetrain as dt
+from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
+
+
+def test_save_hyperparameters_forms() -> None:
+    class Named(dt.TrainingModule):
+        def __init__(self, width: int, depth: int = 2, *, act: str = "relu", **extra: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(ignore="depth")
+
+    assert dict(Named(8, act="gelu", note="x").hparams) == {"width": 8, "act": "gelu", "note": "x"}
+
+    class Chosen(dt.TrainingModule):
+        def __init__(self, width: int, depth: int = 2) -> None:
+            super().__init__()
+            self.save_hyperparameters("depth")
+
+    assert Chosen(8).hparams.depth == 2 and "width" not in Chosen(8).hparams
+
+    class FromNamespace(dt.TrainingModule):
+        def __init__(self, config: Namespace) -> None:
+            super().__init__()
+            self.save_hyperparameters(config)
+
+    assert FromNamespace(Namespace(lr=0.1)).hparams.lr == 0.1
+
+    class Wrong(dt.TrainingModule):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.save_hyperparameters("height")
+
+    with pytest.raises(ValueError, match=r"'height' is not an argument of __init__ \(its arguments: width\)"):
+        Wrong(1)
+
+
+def test_trainer_reference_and_device() -> None:
+    model = Regression()
+    with pytest.raises(RuntimeError, match=r"Regression is not attached to a Trainer"):
+        _ = model.trainer
+    assert model.device == torch.device("cpu") and model.global_step == 0
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(model, loader())
+    assert model.trainer is trainer and model.global_step == 2
+
+
+def test_predict_returns_every_batch_in_order() -> None:
+    model = Regression()
+    data = regression_data(20)
+    predictions = quiet_trainer().predict(model, loader(data, batch_size=8))
+    assert [p.shape[0] for p in predictions] == [8, 8, 4]
+    assert torch.allclose(torch.cat(predictions), model(data.tensors[0]))
+    assert quiet_trainer().predict(model, loader(data), return_predictions=False) is None
+
+
+def test_modules_copy_and_pickle_without_their_trainer() -> None:
+    model = Regression()
+    quiet_trainer(max_steps=1).fit(model, loader())
+    clone = copy.deepcopy(model)
+    assert clone._trainer is None and model._trainer is not None
+    assert pickle.loads(pickle.dumps(model))._trainer is None
+
+
+def test_load_from_checkpoint_needs_a_trainer_checkpoint(tmp_path: Any) -> None:
+    torch.save({"weights": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(
+        ValueError, match=r"has no 'state_dict' entry \(it has 'weights'\); it was not written"
+    ):
+        Regression.load_from_checkpoint(tmp_path / "other.ckpt")
