@@ -1,0 +1,109 @@
+"""The harness runs variants as fresh processes, interleaved, and reads their result lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.harness import Runner, Sample, Variant, parse_result
+from benchmarks.training import analyse
+
+# A stand-in benchmark script: echoes its config back, plus the start time it was given.
+ECHO = (
+    "import json, os; c = json.loads(os.environ['BENCH_CONFIG']); "
+    "print('noise'); print('BENCH_RESULT ' + json.dumps({'config': c, 't0': os.environ['BENCH_T0'], "
+    "'threads': os.environ['OMP_NUM_THREADS'], 'rank': os.environ.get('RANK')}))"
+)
+
+
+def _variant(name: str, code: str, **config: object) -> Variant:
+    return Variant(name, name, (sys.executable, "-c", code), config=config)
+
+
+def test_parse_result_takes_the_last_marked_line() -> None:
+    output = 'hello\nBENCH_RESULT {"a": 1}\nBENCH_RESULT {"a": 2}\nbye\n'
+    assert parse_result(output) == {"a": 2}
+    assert parse_result("no result here") is None
+
+
+def test_a_sample_gets_its_config_start_time_threads_and_a_clean_environment(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "3")  # as if the suite itself ran under a launcher
+    runner = Runner(threads=1)
+    try:
+        sample = runner.run_once(_variant("echo", ECHO, model="tiny"), {"steps": 5, "model": "wide"})
+    finally:
+        runner.close()
+    assert sample.error is None
+    assert sample.result["config"] == {"steps": 5, "model": "tiny"}  # the variant's settings win
+    assert float(sample.result["t0"]) > 0
+    assert sample.result["threads"] == "1"
+    assert sample.result["rank"] is None
+
+
+def test_a_failing_sample_reports_the_exception_line() -> None:
+    runner = Runner(threads=1)
+    try:
+        sample = runner.run_once(_variant("boom", "raise RuntimeError('no front door yet')"), {})
+    finally:
+        runner.close()
+    assert sample.result is None
+    assert sample.error.splitlines()[0] == "exit code 1: RuntimeError: no front door yet"
+
+
+def test_a_sample_past_its_time_limit_is_killed() -> None:
+    runner = Runner(threads=1, timeout_s=0.5)
+    try:
+        sample = runner.run_once(_variant("slow", "import time; time.sleep(30)"), {})
+    finally:
+        runner.close()
+    assert sample.error.startswith("timed out")
+    assert sample.wall_s < 10
+
+
+def test_rounds_interleave_variants_and_a_failed_variant_is_not_retried(tmp_path: Path) -> None:
+    order = tmp_path / "order.txt"
+
+    def record(name: str) -> str:
+        return f"open({str(order)!r}, 'a').write('{name}\\n'); " + ECHO
+
+    runner = Runner(threads=1, log=lambda _: None)
+    try:
+        samples = runner.interleave(
+            [
+                _variant("a", record("a")),
+                _variant("bad", f"open({str(order)!r}, 'a').write('bad\\n'); raise SystemExit(2)"),
+                _variant("b", record("b")),
+            ],
+            {},
+            rounds=2,
+            warmup_rounds=1,
+        )
+    finally:
+        runner.close()
+    assert order.read_text().split() == ["a", "bad", "b", "a", "b", "a", "b"]
+    assert [s.round for s in samples["a"]] == [0, 1]  # the warm-up round is dropped
+    assert len(samples["bad"]) == 1 and samples["bad"][0].error.startswith("exit code 2")
+
+
+def _sample(name: str, loss: float, steps: int = 10, step_s: float = 0.001) -> Sample:
+    return Sample(name, 0, 1.0, result={"final_loss": loss, "steps": steps, "step_s": step_s})
+
+
+def test_analysis_flags_unfair_comparisons_and_failures() -> None:
+    variants = [Variant(n, n, ("x",)) for n in ("raw", "same", "drifted", "short", "broken")]
+    samples = {
+        "raw": [_sample("raw", 0.25), _sample("raw", 0.25)],
+        "same": [_sample("same", 0.25, step_s=0.002)],
+        "drifted": [_sample("drifted", 0.3)],
+        "short": [_sample("short", 0.25, steps=9)],
+        "broken": [Sample("broken", 0, 1.0, error="exit code 1: ImportError: nope")],
+    }
+    stats, problems = analyse(variants, samples, reference="raw", expected_steps=10, rel_tol=1e-6)
+    assert stats["same"]["step_s"].median == 0.002
+    assert stats["broken"].error.startswith("exit code 1")
+    assert len(problems) == 3
+    assert problems[0].startswith("broken failed: exit code 1: ImportError: nope")
+    assert any("short sample 0: took 9 optimizer steps" in p for p in problems)
+    assert any(p.startswith("drifted sample 0: final loss 0.3") for p in problems)
+    assert json.dumps(stats["raw"].as_dict())  # serialisable for the JSON file
