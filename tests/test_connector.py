@@ -145,7 +145,9 @@ def test_precision_the_device_cannot_do(two_fake_gpus: None) -> None:
 def test_settings_that_disagree_with_torchrun(torchrun_env: None) -> None:
     with pytest.raises(ValueError, match=r"torchrun started 2 processes per node.*devices=4"):
         dt.connect(accelerator="cpu", devices=4)
-    with pytest.raises(ValueError, match=r"already started them. Use a strategy without start_method='spawn'"):
+    with pytest.raises(
+        ValueError, match=r"already started them. Use a strategy without start_method='spawn'"
+    ):
         dt.connect(accelerator="cpu", strategy="ddp_spawn")
 
 

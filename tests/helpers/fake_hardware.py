@@ -96,5 +96,3 @@ class FakeHardware:
 
 
 _real_find_spec = importlib.util.find_spec
-
-
