@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import sys
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -222,8 +224,9 @@ class ParallelStrategy(Strategy):
         namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
         dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
         self._owns_process_group = True
-        # Scripts that never call teardown() (Accelerate-style ones rarely do) still leave cleanly.
+        # Scripts that never call teardown() (Accelerate-style ones rarely do) still exit cleanly.
         atexit.register(_leave_at_exit, weakref.ref(self))
+        _watch_for_crashes()
 
     def teardown(self) -> None:
         self._leave_process_group(wait_for_peers=True)
@@ -236,9 +239,11 @@ class ParallelStrategy(Strategy):
         state["_owns_process_group"] = False
         return state
 
-    def _leave_process_group(self, wait_for_peers: bool) -> None:
+    def _leave_process_group(self, wait_for_peers: bool, store_wait: float = 0.0) -> None:
         if self._owns_process_group and dist.is_initialized():
             self._release_communication_state()
+            if store_wait > 0:
+                self._wait_for_peers_through_store(store_wait)
             if wait_for_peers:
                 # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous
                 # store it hosts) while a peer still uses them makes that peer abort at exit.
@@ -248,6 +253,21 @@ class ParallelStrategy(Strategy):
                     pass  # a peer is already gone; the launcher reports that
             dist.destroy_process_group()
         self._owns_process_group = False
+
+    def _wait_for_peers_through_store(self, seconds: float) -> None:
+        """A barrier on the rendezvous store that gives up after ``seconds`` (works on any backend)."""
+        store = self._rendezvous_store
+        if store is None:
+            return
+        key = f"drivetrain/{self.cluster_environment.rendezvous_namespace()}/{self._setups}/leaving"
+        try:
+            arrived = store.add(key, 1)
+            deadline = time.monotonic() + seconds
+            while arrived < self.world_size and time.monotonic() < deadline:
+                time.sleep(0.005)
+                arrived = store.add(key, 0)
+        except Exception:  # the store's host is gone: nobody is left to wait for
+            pass
 
     def _release_communication_state(self) -> None:
         """Free what holds on to the process group (DDP's reducers) before it is destroyed."""
@@ -316,8 +336,30 @@ def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
 
 
 def _leave_at_exit(reference: weakref.ref[ParallelStrategy]) -> None:
-    # At interpreter exit, without waiting for peers: one may have exited already, and a barrier
-    # with a dead peer would wait for the full timeout on NCCL.
+    # A process group or DDP reducer still alive when the interpreter finalises can abort the process
+    # ("terminate called without an active exception"), so leave the group here. Peers are waited
+    # for through the store, with a bound: a barrier with a dead peer would wait for the group's
+    # full timeout on NCCL. After an uncaught exception nobody waits: the launcher reports it.
     strategy = reference()
     if strategy is not None:
-        strategy._leave_process_group(wait_for_peers=False)
+        strategy._leave_process_group(wait_for_peers=False, store_wait=0.0 if _crashed else EXIT_WAIT_SECONDS)
+
+
+#: How long a rank leaving at interpreter exit waits for its peers to leave too.
+EXIT_WAIT_SECONDS = 2.0
+_crashed = False
+
+
+def _watch_for_crashes() -> None:
+    """Chain a ``sys.excepthook`` that notes an uncaught exception (once per process)."""
+    previous = sys.excepthook
+    if getattr(previous, "_drivetrain", False):
+        return
+
+    def note_crash(*args: Any) -> None:
+        global _crashed
+        _crashed = True
+        previous(*args)
+
+    note_crash._drivetrain = True  # type: ignore[attr-defined]
+    sys.excepthook = note_crash
