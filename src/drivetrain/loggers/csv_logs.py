@@ -15,20 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.loggers.logger import (
-    Logger,
-    check_version,
+    FolderLogger,
     metrics_to_floats,
-    next_version,
     params_to_dict,
     plain_value,
-    run_directory,
 )
 
 METRICS_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.yaml"
 
 
-class CSVLogger(Logger):
+class CSVLogger(FolderLogger):
     """Write metrics to ``metrics.csv`` and hyperparameters to ``hparams.yaml``.
 
     Args:
@@ -54,44 +51,16 @@ class CSVLogger(Logger):
         prefix: str = "",
         flush_logs_every_n_steps: int = 100,
     ) -> None:
-        if not isinstance(save_dir, (str, Path)):
-            raise TypeError(f"save_dir= expects a path, got {type(save_dir).__name__} ({save_dir!r}).")
         if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int):
             raise TypeError(f"flush_logs_every_n_steps= expects an int, got {flush_logs_every_n_steps!r}.")
         if flush_logs_every_n_steps < 1:
             raise ValueError(f"flush_logs_every_n_steps={flush_logs_every_n_steps}; use 1 or more.")
-        self._save_dir = os.fspath(save_dir)
-        self._name = name or ""
-        self._version = check_version(version)
-        self._prefix = prefix
+        super().__init__(save_dir, name, version, prefix)
         self._flush_every = flush_logs_every_n_steps
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._hparams: dict[str, Any] = {}
         self._written_rows = 0
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return self._save_dir
-
-    @property
-    def root_dir(self) -> str:
-        """``save_dir/name``: where the versions of this experiment live."""
-        return os.path.join(self._save_dir, self._name)
-
-    @property
-    def log_dir(self) -> str:
-        return run_directory(self._save_dir, self._name, self.version)
 
     @property
     def metrics_file_path(self) -> str:

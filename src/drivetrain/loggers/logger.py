@@ -75,6 +75,43 @@ class Logger(ABC):
         return global_rank() == 0
 
 
+class FolderLogger(Logger):
+    """A logger writing into ``save_dir/name/version_N``: the folder handling the file loggers share."""
+
+    def __init__(
+        self, save_dir: str | Path, name: str | None, version: int | str | None, prefix: str
+    ) -> None:
+        if not isinstance(save_dir, (str, Path)):
+            raise TypeError(f"save_dir= expects a path, got {type(save_dir).__name__} ({save_dir!r}).")
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
+        self._version = check_version(version)
+        self._prefix = prefix
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(os.path.join(self._save_dir, self._name))
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    def root_dir(self) -> str:
+        """``save_dir/name``: where the versions of this experiment live."""
+        return os.path.join(self._save_dir, self._name)
+
+    @property
+    def log_dir(self) -> str:
+        return run_directory(self._save_dir, self._name, self.version)
+
+
 def next_version(root: str | Path) -> int:
     """The first ``N`` such that ``root/version_N`` does not exist yet (0 for a new experiment)."""
     root = Path(root)

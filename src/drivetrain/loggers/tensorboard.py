@@ -15,19 +15,16 @@ from typing import Any
 
 from drivetrain.loggers.csv_logs import HPARAMS_FILE, write_hparams_file
 from drivetrain.loggers.logger import (
-    Logger,
-    check_version,
+    FolderLogger,
     flatten_params,
     metrics_to_floats,
-    next_version,
     params_to_dict,
     plain_value,
-    run_directory,
 )
 from drivetrain.utilities.imports import require
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(FolderLogger):
     """Write TensorBoard event files to ``save_dir/name/version_N``.
 
     Args:
@@ -50,37 +47,10 @@ class TensorBoardLogger(Logger):
         prefix: str = "",
         **writer_kwargs: Any,
     ) -> None:
-        if not isinstance(save_dir, (str, Path)):
-            raise TypeError(f"save_dir= expects a path, got {type(save_dir).__name__} ({save_dir!r}).")
-        self._save_dir = os.fspath(save_dir)
-        self._name = name or ""
-        self._version = check_version(version)
-        self._prefix = prefix
+        super().__init__(save_dir, name, version, prefix)
         self._writer_kwargs = writer_kwargs
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return self._save_dir
-
-    @property
-    def root_dir(self) -> str:
-        return os.path.join(self._save_dir, self._name)
-
-    @property
-    def log_dir(self) -> str:
-        return run_directory(self._save_dir, self._name, self.version)
 
     @property
     def experiment(self) -> Any:
