@@ -27,10 +27,10 @@ from torch.optim import Optimizer
 from drivetrain.data import PreparedDataLoader, validate_rng_types
 from drivetrain.facade import settings, tracking
 from drivetrain.facade.persistence import Persistence
-from drivetrain.facade.precision import autocast_context
 from drivetrain.facade.preparation import Preparation
 from drivetrain.facade.tracking import Tracking
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
+from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.strategies import Strategy
 from drivetrain.strategies.launchers import SubprocessScriptLauncher
 from drivetrain.utils.configuration import (
@@ -322,13 +322,14 @@ class Accelerator(Preparation, Persistence, Tracking):
         precision = self.strategy.precision
         if autocast_handler is None:
             return precision.forward_context()
-        if precision.name not in ("16-mixed", "bf16-mixed"):
+        if not isinstance(precision, MixedPrecision):
             warnings.warn(
                 f"autocast({autocast_handler!r}) has no effect: precision {precision.name!r} does not autocast.",
                 UserWarning,
                 stacklevel=2,
             )
-        return autocast_context(precision, autocast_handler.to_kwargs())
+            return precision.forward_context()
+        return precision.forward_context(**autocast_handler.to_kwargs())
 
     def clip_grad_norm_(
         self, parameters: Iterable[Tensor] | Tensor, max_norm: float, norm_type: float = 2

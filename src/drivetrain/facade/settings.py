@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from drivetrain.connector import connect
-from drivetrain.facade.precision import AutocastOptionsPrecision
 from drivetrain.facade.state import GradientState
 from drivetrain.plugins.precision import MixedPrecision, Precision, canonical_precision
 from drivetrain.strategies import DDPStrategy, ParallelStrategy, Strategy
@@ -244,9 +243,7 @@ def _with_precision_options(
             "(MixedPrecision(..., scaler=torch.amp.GradScaler(...)))."
         )
     grad_scaler = torch.amp.GradScaler(resolved.device, **scaler) if scaler else resolved.scaler
-    return AutocastOptionsPrecision(
-        resolved.name, device=resolved.device, scaler=grad_scaler, autocast_kwargs=autocast
-    )
+    return MixedPrecision(resolved.name, device=resolved.device, scaler=grad_scaler, autocast_kwargs=autocast)
 
 
 def _has_precision_plugin(plugins: Any) -> bool:

@@ -278,3 +278,12 @@ def test_mixed_precision_on_cuda(precision, dtype):
         model[0].weight.grad[0, 0] = float("inf")
         plugin.optimizer_step(optimizer)
         assert plugin.last_step_skipped
+
+
+def test_autocast_options_apply_to_every_forward_and_can_be_overridden_per_block() -> None:
+    layer = torch.nn.Linear(4, 4)
+    disabled = MixedPrecision("bf16-mixed", device="cpu", autocast_kwargs={"enabled": False})
+    with disabled.forward_context():
+        assert layer(torch.ones(1, 4)).dtype == torch.float32
+    with disabled.forward_context(enabled=True):
+        assert layer(torch.ones(1, 4)).dtype == torch.bfloat16

@@ -34,6 +34,7 @@ class MixedPrecision(Precision):
         device: the device type autocast runs on (``"cuda"``, ``"cpu"``, ``"xpu"`` …; an index
             such as ``"cuda:1"`` is accepted and ignored).
         scaler: a ``torch.amp.GradScaler`` to use instead of the default one (float16 only).
+        autocast_kwargs: further ``torch.autocast`` options (``enabled``, ``cache_enabled``).
 
     Raises:
         ValueError: for an unknown ``precision``, a device type without autocast, bfloat16 on a
@@ -47,6 +48,7 @@ class MixedPrecision(Precision):
         *,
         device: str | torch.device = "cuda",
         scaler: torch.amp.GradScaler | None = None,
+        autocast_kwargs: dict[str, Any] | None = None,
     ) -> None:
         dtype = _DTYPES.get(precision) if isinstance(precision, str) else None
         if dtype is None:
@@ -66,6 +68,7 @@ class MixedPrecision(Precision):
         self.device = device_type
         self._dtype = dtype
         self.scaler = scaler
+        self.autocast_kwargs = dict(autocast_kwargs or {})
         # The scale before the latest step, compared lazily in ``last_step_skipped``.
         self._scale_before_step: Tensor | None = None
         # Optimizers already unscaled since the last ``scaler.update()``.
@@ -78,9 +81,10 @@ class MixedPrecision(Precision):
         """The dtype autocast computes in."""
         return self._dtype
 
-    def forward_context(self) -> AbstractContextManager[Any]:
-        """``torch.autocast`` for this device type and dtype."""
-        return torch.autocast(device_type=self.device, dtype=self._dtype)
+    def forward_context(self, **autocast_options: Any) -> AbstractContextManager[Any]:
+        """``torch.autocast`` for this device type and dtype (``autocast_options`` override the defaults)."""
+        options = {**self.autocast_kwargs, **autocast_options} if autocast_options else self.autocast_kwargs
+        return torch.autocast(device_type=self.device, dtype=self._dtype, **options)
 
     def convert_output(self, data: Any) -> Any:
         """Cast float16/bfloat16 tensors in ``data`` to float32, so losses and metrics computed
