@@ -132,7 +132,7 @@ def _strategies(with_deepspeed: bool) -> list[tuple[str, str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     import drivetrain as dt
-    from drivetrain.utilities.imports import package_available
+    from drivetrain._utilities.imports import package_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=1024)

@@ -11,7 +11,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "drivetrain"
 
 # DESIGN.md: utilities → accelerators, plugins → strategies (+ launchers) → connector → façade, trainer → cli
 LAYERS = {
-    "utilities": 0,
+    "_utilities": 0,
     "accelerators": 1,
     "plugins": 1,
     "strategies": 2,

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "connect": "drivetrain.connector",
-    "seed_everything": "drivetrain.utilities.seed",
+    "seed_everything": "drivetrain._utilities.seed",
     "Accelerator": "drivetrain.facade",
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
@@ -31,8 +31,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from drivetrain._utilities.seed import seed_everything
     from drivetrain.connector import connect
-    from drivetrain.utilities.seed import seed_everything
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from drivetrain._utilities.registry import RegistryEntry
 from drivetrain.accelerators import Accelerator, XLAAccelerator, devices_for, resolve_accelerator
 from drivetrain.plugins.environments import ClusterEnvironment, detect_cluster_environment
 from drivetrain.plugins.io import CheckpointIO
@@ -27,7 +28,6 @@ from drivetrain.strategies import (
     StrategyRegistry,
 )
 from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE, launched_accelerator
-from drivetrain.utilities.registry import RegistryEntry
 
 _COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
 

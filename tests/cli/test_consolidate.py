@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import drivetrain as dt
-from drivetrain.utilities.imports import package_available
+from drivetrain._utilities.imports import package_available
 from helpers.multiprocess import run_processes
 from helpers.scripts import run_command
 from helpers.sharded import LR, Net, batches, loss_of, shard

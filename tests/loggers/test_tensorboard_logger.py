@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
+from drivetrain._utilities import imports
 from drivetrain.loggers import TensorBoardLogger
-from drivetrain.utilities import imports
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

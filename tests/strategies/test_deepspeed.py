@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import drivetrain as dt
-from drivetrain.utilities.imports import package_available
+from drivetrain._utilities.imports import package_available
 from helpers.multiprocess import run_processes
 from helpers.sharded import LR, Net, batches, loss_of, numel, optimizer_state_numel, reference_run, shard
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from drivetrain._utilities.imports import package_available
 from drivetrain.strategies import deepspeed_config as cfg
-from drivetrain.utilities.imports import package_available
 
 needs_deepspeed = pytest.mark.skipif(not package_available("deepspeed"), reason="needs the deepspeed extra")
 

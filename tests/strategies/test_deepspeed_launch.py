@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from drivetrain._utilities.imports import package_available
 from drivetrain.cli.launcher_arguments import drop_launcher_arguments
-from drivetrain.utilities.imports import package_available
 from helpers.scripts import clean_env, run_command, run_script
 from helpers.sharded import reference_run
 

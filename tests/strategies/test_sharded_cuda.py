@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from drivetrain.utilities.imports import package_available
+from drivetrain._utilities.imports import package_available
 from helpers import sharded_cuda as work
 from helpers.sharded import reference_run
 

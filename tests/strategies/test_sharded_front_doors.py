@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import drivetrain as dt
-from drivetrain.utilities.imports import package_available
+from drivetrain._utilities.imports import package_available
 from helpers.multiprocess import run_processes
 from helpers.sharded import LR, Net, batches, loss_of, reference_run, shard
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drivetrain.loggers import CSVLogger
-from drivetrain.trainer.logging import ResultCollection
+from drivetrain.trainer.results import ResultCollection
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 

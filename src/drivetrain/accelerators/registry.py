@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from drivetrain.utilities.registry import Registry
+from drivetrain._utilities.registry import Registry
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator  # noqa: F401 - used in the string annotation below

@@ -25,10 +25,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from drivetrain._utilities.imports import require
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.trainer import Trainer
-from drivetrain.utilities.imports import require
 
 SUBCOMMANDS: dict[str, set[str]] = {
     "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
@@ -143,7 +143,7 @@ class CLI:
         parser, section = self._parser_in_use, self._section
         seed = section.get("seed_everything")
         if seed is not None:
-            from drivetrain.utilities.seed import seed_everything
+            from drivetrain._utilities.seed import seed_everything
 
             seed_everything(seed)
         built = parser.instantiate(section)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from drivetrain.utilities.seed import collect_rng_states, restore_rng_states
+from drivetrain._utilities.seed import collect_rng_states, restore_rng_states
 
 if TYPE_CHECKING:
     from drivetrain.facade.persistence import Persistence as Accelerator

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.utilities.rank_zero import global_rank
+from drivetrain._utilities.rank_zero import global_rank
 
 __all__ = ["Logger", "flatten_params", "metrics_to_floats", "next_version", "params_to_dict"]
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from drivetrain._utilities.imports import require
 from drivetrain.loggers.csv_logs import HPARAMS_FILE, write_hparams_file
 from drivetrain.loggers.logger import (
     FolderLogger,
@@ -21,7 +22,6 @@ from drivetrain.loggers.logger import (
     params_to_dict,
     plain_value,
 )
-from drivetrain.utilities.imports import require
 
 
 class TensorBoardLogger(FolderLogger):

@@ -27,10 +27,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.imports import require
 from drivetrain.plugins.precision.deepspeed import DeepSpeedPrecision
 from drivetrain.strategies import deepspeed_config as cfg
 from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
-from drivetrain.utilities.imports import require
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -60,7 +60,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         start_method: how drivetrain starts the processes, as for :class:`~drivetrain.strategies.DDPStrategy`.
 
     Raises:
-        drivetrain.utilities.imports.MissingDependencyError: ``deepspeed`` is not installed.
+        drivetrain._utilities.imports.MissingDependencyError: ``deepspeed`` is not installed.
         ValueError/TypeError: arguments outside the documented values, or offload settings that
             contradict the stage.
     """

@@ -132,8 +132,8 @@ def consolidate_deepspeed_checkpoint(source: str | Path, destination: str | Path
     """
     import torch
 
+    from drivetrain._utilities.imports import require
     from drivetrain.plugins.io.torch_io import TorchCheckpointIO
-    from drivetrain.utilities.imports import require
 
     require("deepspeed", extra="deepspeed", feature="Consolidating a DeepSpeed checkpoint")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

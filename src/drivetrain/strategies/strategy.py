@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.precision.precision import Precision
-from drivetrain.utilities.apply import move_to_device
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator

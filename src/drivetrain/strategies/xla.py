@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain.strategies.launchers.launcher import Launcher
 from drivetrain.strategies.parallel import ParallelStrategy
 from drivetrain.strategies.strategy import _check_reduce_op
-from drivetrain.utilities.apply import move_to_device
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.seed import collect_rng_states
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
-from drivetrain.utilities.seed import collect_rng_states
 
 if TYPE_CHECKING:
     from drivetrain.trainer.trainer import Trainer

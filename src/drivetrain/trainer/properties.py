@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from drivetrain.trainer.config import LoopSettings
     from drivetrain.trainer.data_connector import DataConnector
     from drivetrain.trainer.datamodule import DataModule
-    from drivetrain.trainer.metrics import MetricsHub
+    from drivetrain.trainer.logger_connector import MetricsHub
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.state import FitProgress
 

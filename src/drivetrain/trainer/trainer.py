@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from drivetrain._utilities.seed import restore_rng_states
 from drivetrain.connector import connect
 from drivetrain.loggers.logger import Logger
 from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
@@ -27,19 +28,18 @@ from drivetrain.trainer.data_connector import DataConnector
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.default_callbacks import configure_callbacks
 from drivetrain.trainer.hooks import HookRunner
-from drivetrain.trainer.logging import ResultCollection
+from drivetrain.trainer.logger_connector import MetricsHub, resolve_loggers
 from drivetrain.trainer.loops.evaluation import EvaluationLoop
 from drivetrain.trainer.loops.fit import FitLoop
 from drivetrain.trainer.loops.optimization import Optimization
 from drivetrain.trainer.loops.prediction import PredictionLoop
-from drivetrain.trainer.metrics import MetricsHub, resolve_loggers
 from drivetrain.trainer.model_setup import setup_model
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.process_results import absorb_output, stage_output
 from drivetrain.trainer.properties import TrainerProperties
+from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.run_context import torch_flags
 from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn, TrainerState, TrainerStatus
-from drivetrain.utilities.seed import restore_rng_states
 
 
 class Trainer(TrainerProperties):

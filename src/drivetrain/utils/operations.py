@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from drivetrain.utilities.apply import move_to_device
-from drivetrain.utilities.rank_zero import global_rank
-from drivetrain.utilities.seed import seed_everything
+from drivetrain._utilities.apply import move_to_device
+from drivetrain._utilities.rank_zero import global_rank
+from drivetrain._utilities.seed import seed_everything
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy

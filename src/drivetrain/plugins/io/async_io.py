@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import Tensor
 
+from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
-from drivetrain.utilities.apply import apply_to_collection
 
 
 class AsyncCheckpointIO(CheckpointIO):

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.precision.precision import Precision, default_dtype
-from drivetrain.utilities.apply import apply_to_collection
 
 
 class _TruePrecision(Precision):

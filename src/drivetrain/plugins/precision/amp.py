@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.precision.precision import Precision
-from drivetrain.utilities.apply import apply_to_collection
 
 _DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 _LOW_PRECISION = (torch.float16, torch.bfloat16)

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.precision.precision import Precision
-from drivetrain.utilities.apply import apply_to_collection
 
 _DTYPES: dict[str, torch.dtype] = {
     "32-true": torch.float32,

@@ -11,11 +11,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from drivetrain._utilities.registry import Registry
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.plugins.precision.double import DoublePrecision
 from drivetrain.plugins.precision.half import HalfPrecision
 from drivetrain.plugins.precision.precision import Precision
-from drivetrain.utilities.registry import Registry
 
 CANONICAL_PRECISIONS: tuple[str, ...] = (
     "64-true",

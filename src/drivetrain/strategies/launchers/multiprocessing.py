@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
-from drivetrain.utilities.apply import move_to_device
 
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.trainer.callbacks.callback import Callback
-from drivetrain.trainer.logging import infer_batch_size
+from drivetrain.trainer.results import infer_batch_size
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from drivetrain.trainer.logging import ResultCollection
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
+from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.state import RunningStage
 
 if TYPE_CHECKING:

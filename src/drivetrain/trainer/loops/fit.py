@@ -20,10 +20,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.seed import collect_rng_states, restore_rng_states
 from drivetrain.trainer.data import resumed_iterator, set_sampler_epoch
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.state import RunningStage
-from drivetrain.utilities.seed import collect_rng_states, restore_rng_states
 
 if TYPE_CHECKING:
     from drivetrain.trainer.trainer import Trainer

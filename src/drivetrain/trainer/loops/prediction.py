@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.trainer.logging import ResultCollection
 from drivetrain.trainer.loops.evaluation import grad_context, step_function
+from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.state import RunningStage
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class PredictionLoop:
         strategy = self.trainer.strategy
         if strategy.world_size == 1:
             return collected
-        from drivetrain.utilities.apply import move_to_device
+        from drivetrain._utilities.apply import move_to_device
 
         gathered = strategy.all_gather_object(move_to_device(collected, "cpu"))
         return [output for rank_outputs in gathered for output in rank_outputs]

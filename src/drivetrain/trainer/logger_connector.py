@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from drivetrain.loggers.logger import Logger, metrics_to_floats
-from drivetrain.trainer.logging import ResultCollection
+from drivetrain.trainer.results import ResultCollection
 
 
 def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
