@@ -30,9 +30,11 @@ __all__ = [
     "seed_everything",
 ]
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names above
     from drivetrain._utilities.seed import seed_everything
     from drivetrain.connector import connect
+    from drivetrain.facade import Accelerator
+    from drivetrain.trainer import DataModule, Trainer, TrainingModule
 
 
 def __getattr__(name: str) -> Any:

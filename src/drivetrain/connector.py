@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -31,6 +31,9 @@ from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE, laun
 
 _COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
 
+#: One entry of ``plugins=``: a plugin instance or a precision name (``"bf16-mixed"``, ``16`` …).
+PluginInput: TypeAlias = Precision | CheckpointIO | ClusterEnvironment | str | int
+
 
 def connect(
     accelerator: str | Accelerator = "auto",
@@ -38,7 +41,7 @@ def connect(
     devices: int | str | Sequence[int] = "auto",
     num_nodes: int = 1,
     precision: str | int | Precision | None = None,
-    plugins: Any = None,
+    plugins: PluginInput | Sequence[PluginInput] | None = None,
 ) -> Strategy:
     """Resolve the settings into a Strategy that owns its accelerator, precision, checkpoint IO and cluster environment.
 

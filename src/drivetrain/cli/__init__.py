@@ -7,7 +7,10 @@ imported on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy name
+    from drivetrain.cli.training import CLI
 
 __all__ = ["CLI"]
 

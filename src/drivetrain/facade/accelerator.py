@@ -18,7 +18,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,11 @@ from drivetrain.utils.configuration import (
     ProjectConfiguration,
 )
 from drivetrain.utils.kwargs_handlers import AutocastKwargs
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
+    from drivetrain.connector import PluginInput
+    from drivetrain.plugins.precision.precision import Precision
 
 _NO_CONTEXT = nullcontext()
 _latest: weakref.ref[Accelerator] | None = None
@@ -98,12 +103,12 @@ class Accelerator(Preparation, Persistence, Tracking):
         fp16: bool | None = None,
         dispatch_batches: bool | None = None,
         even_batches: bool | None = None,
-        accelerator: Any = "auto",
-        strategy: Any = "auto",
+        accelerator: str | HardwareAccelerator = "auto",
+        strategy: str | Strategy = "auto",
         devices: int | str | Sequence[int] | None = None,
         num_nodes: int = 1,
-        precision: Any = None,
-        plugins: Any = None,
+        precision: str | int | Precision | None = None,
+        plugins: PluginInput | Sequence[PluginInput] | None = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         megatron_lm_plugin: Any = None,

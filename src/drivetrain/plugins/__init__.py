@@ -7,7 +7,28 @@ not import the others.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.plugins.environments import (
+        ClusterEnvironment,
+        KubeflowEnvironment,
+        LocalEnvironment,
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+        detect_cluster_environment,
+    )
+    from drivetrain.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
+    from drivetrain.plugins.precision import (
+        DeepSpeedPrecision,
+        DoublePrecision,
+        HalfPrecision,
+        MixedPrecision,
+        Precision,
+        PrecisionRegistry,
+    )
 
 _SUBPACKAGE = {
     "ClusterEnvironment": "environments",
@@ -29,7 +50,25 @@ _SUBPACKAGE = {
     "PrecisionRegistry": "precision",
 }
 
-__all__ = sorted(_SUBPACKAGE)
+__all__ = [
+    "AsyncCheckpointIO",
+    "CheckpointIO",
+    "ClusterEnvironment",
+    "DeepSpeedPrecision",
+    "DoublePrecision",
+    "HalfPrecision",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LocalEnvironment",
+    "MPIEnvironment",
+    "MixedPrecision",
+    "Precision",
+    "PrecisionRegistry",
+    "SLURMEnvironment",
+    "TorchCheckpointIO",
+    "TorchElasticEnvironment",
+    "detect_cluster_environment",
+]
 
 
 def __getattr__(name: str) -> Any:

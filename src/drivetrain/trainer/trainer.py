@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -40,6 +40,11 @@ from drivetrain.trainer.properties import TrainerProperties
 from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.run_context import torch_flags
 from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn, TrainerState, TrainerStatus
+
+if TYPE_CHECKING:
+    from drivetrain.accelerators.accelerator import Accelerator
+    from drivetrain.connector import PluginInput
+    from drivetrain.plugins.precision.precision import Precision
 
 
 class Trainer(TrainerProperties):
@@ -89,12 +94,12 @@ class Trainer(TrainerProperties):
     def __init__(
         self,
         *,
-        accelerator: str | Any = "auto",
+        accelerator: str | Accelerator = "auto",
         strategy: str | Strategy = "auto",
         devices: int | str | Sequence[int] = "auto",
         num_nodes: int = 1,
-        precision: str | int | Any | None = None,
-        plugins: Any = None,
+        precision: str | int | Precision | None = None,
+        plugins: PluginInput | Sequence[PluginInput] | None = None,
         max_epochs: int | None = None,
         min_epochs: int | None = None,
         max_steps: int = -1,
