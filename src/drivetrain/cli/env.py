@@ -1,9 +1,11 @@
-"""``drivetrain env``: what drivetrain sees here, and what ``"auto"`` resolves to and why."""
+"""``drivetrain env``: what drivetrain sees here, what ``"auto"`` resolves to and why, and which extras are installed."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import platform
+import re
 from typing import Any
 
 import torch
@@ -14,9 +16,11 @@ import drivetrain
 def add_env_command(commands: Any) -> None:
     parser = commands.add_parser(
         "env",
-        help="show the detected hardware, cluster environment, registered plugins and what 'auto' means here",
+        help="show the detected hardware, cluster environment, registered plugins, what 'auto' means here and "
+        "the installed extras",
         description="Show the detected hardware, cluster environment, registered accelerators, strategies and "
-        "precisions, and what accelerator/devices/strategy='auto' resolve to on this machine.",
+        "precisions, what accelerator/devices/strategy='auto' resolve to on this machine, and which optional "
+        "extras (drivetrain[tensorboard], drivetrain[wandb] ...) are installed.",
     )
     parser.set_defaults(run=run_env)
 
@@ -58,7 +62,61 @@ def describe_environment() -> str:
     lines += ["", "Registered precisions:"]
     for entry in PrecisionRegistry.describe():
         lines.append(f"  {entry.name:<12} {entry.cls.__name__}  - {entry.description}")
+    lines += ["", "Optional extras (pip install 'drivetrain[NAME]'):"]
+    lines += [f"  {line}" for line in describe_extras()]
     return "\n".join(lines)
+
+
+#: Extras that only group others (``all``) or serve development (``dev``): not features to report.
+_GROUPING_EXTRAS = ("all", "dev")
+
+
+def extras_status() -> dict[str, dict[str, str | None]]:
+    """For each extra of the installed drivetrain: its packages and their installed versions (``None``: missing).
+
+    Read from the installed package's metadata, so the report follows ``pyproject.toml``.
+    """
+    try:
+        metadata = importlib.metadata.metadata("drivetrain")
+        requirements = importlib.metadata.requires("drivetrain") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return {}
+    extras: dict[str, dict[str, str | None]] = {
+        name: {} for name in metadata.get_all("Provides-Extra") or [] if name not in _GROUPING_EXTRAS
+    }
+    for requirement in requirements:
+        marker = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if marker is None or marker.group(1) not in extras:
+            continue
+        package = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+        if package is None or package.group(0) == "drivetrain":
+            continue
+        extras[marker.group(1)][package.group(0)] = _installed_version(package.group(0))
+    return extras
+
+
+def describe_extras() -> list[str]:
+    """One line per extra: installed (with versions) or which packages are missing."""
+    status = extras_status()
+    if not status:
+        return ["(drivetrain is not installed as a package here; its extras cannot be read)"]
+    width = max(len(name) for name in status)
+    lines = []
+    for name, packages in status.items():
+        missing = [package for package, version in packages.items() if version is None]
+        if missing:
+            state = f"missing: {', '.join(missing)}"
+        else:
+            state = "installed (" + ", ".join(f"{p} {v}" for p, v in packages.items()) + ")"
+        lines.append(f"{name:<{width}}  {state}")
+    return lines
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _availability(cls: type) -> str:

@@ -1,4 +1,4 @@
-"""The ``drivetrain`` command: ``drivetrain launch …``, ``drivetrain env`` and ``drivetrain consolidate``."""
+"""The ``drivetrain`` command: ``drivetrain launch …``, ``drivetrain env``, ``drivetrain consolidate`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import drivetrain
+
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description="Launch drivetrain training scripts and inspect what drivetrain sees on this machine.",
     )
+    parser.add_argument("--version", action="version", version=f"drivetrain {drivetrain.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     from drivetrain.cli.consolidate import add_consolidate_command

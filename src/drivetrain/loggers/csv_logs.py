@@ -7,7 +7,6 @@ column and one column per metric; new metrics widen the table) and ``hparams.yam
 from __future__ import annotations
 
 import csv
-import json
 import os
 from argparse import Namespace
 from collections.abc import Mapping
@@ -124,13 +123,10 @@ def _read_rows(path: str) -> list[dict[str, str]]:
 
 
 def write_hparams_file(path: str, params: Mapping[str, Any]) -> None:
-    """Write ``params`` as YAML (as JSON, which is valid YAML, when PyYAML is not installed)."""
-    try:
-        import yaml
-    except ImportError:
-        text = json.dumps(params, indent=2, sort_keys=False) + "\n"
-    else:
-        text = yaml.safe_dump(dict(params), sort_keys=False)
+    """Write ``params`` as YAML (atomically: readers see the old file or the new one)."""
+    import yaml
+
+    text = yaml.safe_dump(dict(params), sort_keys=False)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as file:
         file.write(text)
