@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+if os.environ.get("LOCAL_RANK", "0") != "0" and "PYTEST_XDIST_WORKER" not in os.environ:
+    # A test built a multi-device Trainer/Accelerator inside the pytest process, so the script
+    # launcher re-ran pytest itself as rank 1; the autouse fixture below would then clear
+    # LOCAL_RANK and that copy would launch again, without end. Stop the copy at once.
+    raise SystemExit(
+        "pytest was re-run as a worker rank (LOCAL_RANK="
+        f"{os.environ['LOCAL_RANK']}): a test started a multi-process run in the pytest process. "
+        "Run multi-process programs as scripts (tests/helpers/scripts.py) or with a spawn strategy."
+    )
 
 _LAUNCHER_VARIABLES = (
     "RANK",
