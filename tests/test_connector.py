@@ -11,6 +11,7 @@ import drivetrain as dt
 from drivetrain.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator
 from drivetrain.plugins import (
     AsyncCheckpointIO,
+    CheckpointIO,
     DoublePrecision,
     LocalEnvironment,
     MixedPrecision,
@@ -172,6 +173,41 @@ def test_a_strategy_instance_keeps_its_own_components() -> None:
     )
     assert strategy.accelerator is accelerator
     assert strategy.precision is precision
+
+
+class OwnIOStrategy(SingleDeviceStrategy):
+    """Keeps its checkpoint IO its own way, and says so through the public given_plugins()."""
+
+    def __init__(self, io: CheckpointIO) -> None:
+        super().__init__()
+        self.own_io = io
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        return self.own_io
+
+    def given_plugins(self) -> dict[str, Any]:
+        return {**super().given_plugins(), "checkpoint_io": self.own_io}
+
+
+def test_connect_asks_a_strategy_which_plugins_it_holds_through_given_plugins() -> None:
+    own = TorchCheckpointIO()
+    strategy = dt.connect(accelerator="cpu", strategy=OwnIOStrategy(own))
+    assert strategy.checkpoint_io is own
+    # A second checkpoint IO would be silently ignored by the strategy: connect() refuses it.
+    with pytest.raises(ValueError, match=r"checkpoint io is given twice: .* by the OwnIOStrategy instance"):
+        dt.connect(accelerator="cpu", strategy=OwnIOStrategy(own), plugins=[TorchCheckpointIO()])
+
+
+def test_given_plugins_with_an_unknown_kind_is_a_clear_error() -> None:
+    class Odd(SingleDeviceStrategy):
+        def given_plugins(self) -> dict[str, Any]:
+            return {"launcher": object()}
+
+    with pytest.raises(
+        TypeError, match=r"Odd.given_plugins\(\) must return a dict with keys among accelerator"
+    ):
+        dt.connect(accelerator="cpu", strategy=Odd())
 
 
 class FakeXPULib:

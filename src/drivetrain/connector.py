@@ -79,10 +79,8 @@ def connect(
                 if entry.init_kwargs.get(name) is not None:
                     given.add(name, entry.init_kwargs[name], f"the registered strategy {strategy!r}")
     else:
-        for name in _COMPONENTS:
-            value = getattr(strategy, f"_{name}", None)
-            if value is not None:
-                given.add(name, value, f"the {type(strategy).__name__} instance")
+        for name, value in _given_plugins(strategy).items():
+            given.add(name, value, f"the {type(strategy).__name__} instance")
 
     accelerator_choice = _choose_accelerator(accelerator, given)
     hardware = resolve_accelerator(accelerator_choice)
@@ -163,6 +161,17 @@ class _Components:
     def get(self, name: str) -> Any:
         value = self._values.get(name)
         return value[0] if value is not None else None
+
+
+def _given_plugins(strategy: Strategy) -> dict[str, Any]:
+    given = strategy.given_plugins()
+    unknown = sorted(set(given) - set(_COMPONENTS)) if isinstance(given, dict) else None
+    if unknown is None or unknown:
+        raise TypeError(
+            f"{type(strategy).__name__}.given_plugins() must return a dict with keys among "
+            f"{', '.join(_COMPONENTS)}, got {given!r}."
+        )
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _as_plugin_list(plugins: Any) -> list[Any]:

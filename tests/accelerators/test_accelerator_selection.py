@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+import drivetrain as dt
 from drivetrain.accelerators import (
     Accelerator,
     AcceleratorRegistry,
@@ -153,6 +154,50 @@ def test_an_unavailable_user_accelerator_names_its_check(hardware: Any, custom: 
         r"Available here: cpu\. Use accelerator='cpu' or 'auto'\.$",
     ):
         resolve_accelerator("custom")
+
+
+class _Missing(_Custom):
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+
+def test_a_user_accelerator_explains_its_absence_through_unavailable_reason(hardware: Any) -> None:
+    class Driverless(_Missing):
+        @classmethod
+        def unavailable_reason(cls) -> str:
+            return "the vendor driver is not loaded; run `modprobe vendor`"
+
+    with pytest.raises(
+        ValueError, match=r"not available here \(the vendor driver is not loaded; run `modprobe vendor`\)"
+    ):
+        dt.connect(accelerator=Driverless())
+
+
+def test_unavailable_reason_under_its_old_private_name_still_explains_with_a_deprecation_warning(
+    hardware: Any,
+) -> None:
+    with pytest.warns(DeprecationWarning, match="OldStyle._unavailable_reason .* unavailable_reason"):
+
+        class OldStyle(_Missing):
+            @staticmethod
+            def _unavailable_reason() -> str:
+                return "no device file /dev/vendor0"
+
+    with pytest.raises(ValueError, match=r"not available here \(no device file /dev/vendor0\)"):
+        resolve_accelerator(OldStyle())
+
+
+def test_an_unavailable_reason_that_raises_does_not_hide_the_error(hardware: Any) -> None:
+    class Broken(_Missing):
+        @classmethod
+        def unavailable_reason(cls) -> str:
+            raise RuntimeError("boom")
+
+    with pytest.raises(
+        ValueError, match=r"Broken.is_available\(\) returned False; unavailable_reason\(\) raised"
+    ):
+        resolve_accelerator(Broken())
 
 
 @pytest.mark.parametrize(

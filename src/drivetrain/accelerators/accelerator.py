@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from drivetrain._utilities.renamed import sync_renamed_hooks
+
 
 class Accelerator(ABC):
     """Connects drivetrain to one kind of hardware.
@@ -22,6 +24,7 @@ class Accelerator(ABC):
             from drivetrain.accelerators.registry import AcceleratorRegistry
 
             cls.register_accelerators(AcceleratorRegistry)
+        sync_renamed_hooks(cls, {"_unavailable_reason": "unavailable_reason"})
 
     # -- the seeds' contract ----------------------------------------------------------------
     @staticmethod
@@ -60,6 +63,16 @@ class Accelerator(ABC):
     @classmethod
     def register_accelerators(cls, accelerator_registry: Any) -> None:
         """Register this class under its short name(s); see the class docstring."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """Why :meth:`is_available` is False here, for the error that a request for this hardware gets.
+
+        Override it to name what is missing (a driver, a package, a device) and how to get it.
+        """
+        return f"{cls.__name__}.is_available() returned False"
+
+    _unavailable_reason = unavailable_reason  # deprecated: the name before it was public
 
     # -- helpers the strategies use ---------------------------------------------------------
     def synchronize(self, device: torch.device) -> None:

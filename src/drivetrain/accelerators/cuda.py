@@ -80,8 +80,8 @@ class CUDAAccelerator(Accelerator):
         """Register as ``"cuda"``."""
         accelerator_registry.register("cuda", cls, description="NVIDIA (or ROCm) GPUs through torch.cuda.")
 
-    @staticmethod
-    def _unavailable_reason() -> str:
+    @classmethod
+    def unavailable_reason(cls) -> str:
         if not torch.backends.cuda.is_built():
             return (
                 f"torch.cuda.is_available() is False: this torch build ({torch.__version__}) "

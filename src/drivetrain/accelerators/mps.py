@@ -72,8 +72,8 @@ class MPSAccelerator(Accelerator):
         """Register as ``"mps"``."""
         accelerator_registry.register("mps", cls, description="The GPU of Apple silicon Macs (Metal).")
 
-    @staticmethod
-    def _unavailable_reason() -> str:
+    @classmethod
+    def unavailable_reason(cls) -> str:
         if not _is_apple_silicon():
             return f"MPS needs an Apple silicon Mac; this is {platform.system()} on {platform.machine()}"
         return "torch.backends.mps.is_available() is False"

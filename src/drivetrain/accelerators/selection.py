@@ -152,11 +152,10 @@ def _registered_class(name: str) -> type[Accelerator]:
 
 
 def _unavailable_reason(accelerator: Accelerator) -> str:
-    # Built-ins explain which check failed; for other classes the method's answer is all we know.
-    explain = getattr(type(accelerator), "_unavailable_reason", None)
-    if callable(explain):
-        return str(explain())
-    return f"{type(accelerator).__name__}.is_available() returned False"
+    try:
+        return str(type(accelerator).unavailable_reason())
+    except Exception as error:  # a broken explanation must not hide the real error
+        return f"{type(accelerator).__name__}.is_available() returned False; unavailable_reason() raised {error!r}"
 
 
 def _suggestion() -> str:

@@ -113,8 +113,8 @@ class XLAAccelerator(Accelerator):
         accelerator_registry.register("xla", cls, description="TPUs and other XLA devices through torch_xla.")
         accelerator_registry.register("tpu", cls, description="Alias of 'xla': TPUs through torch_xla.")
 
-    @staticmethod
-    def _unavailable_reason() -> str:
+    @classmethod
+    def unavailable_reason(cls) -> str:
         if not _torch_xla_installed():
             return "torch_xla is not installed; install the torch_xla release that matches your torch"
         return "torch_xla is installed but reports no XLA device"

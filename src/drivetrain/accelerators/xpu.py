@@ -74,8 +74,8 @@ class XPUAccelerator(Accelerator):
         """Register as ``"xpu"``."""
         accelerator_registry.register("xpu", cls, description="Intel GPUs through torch.xpu.")
 
-    @staticmethod
-    def _unavailable_reason() -> str:
+    @classmethod
+    def unavailable_reason(cls) -> str:
         return (
             "torch.xpu.is_available() is False: no Intel GPU is visible, or this torch build "
             f"({torch.__version__}) has no XPU support"

@@ -103,7 +103,7 @@ class DDPStrategy(ParallelStrategy):
         self.__dict__.update(state)
         self._wrapped = weakref.WeakSet()
 
-    def _release_communication_state(self) -> None:
+    def release_communication_state(self) -> None:
         # A DDP reducer that outlives its process group makes the interpreter abort at exit
         # ("terminate called without an active exception") in a few percent of runs.
         for module in list(self._wrapped):

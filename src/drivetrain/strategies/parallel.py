@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from drivetrain._utilities.renamed import sync_renamed_hooks
 from drivetrain.strategies.collectives import (
     all_gather_checked,
     all_reduce_copy,
@@ -32,6 +33,12 @@ DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 #: How a job's processes are started when drivetrain starts them.
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
+# Hooks that were private at first; subclasses overriding the old names keep working, with a warning.
+_RENAMED_HOOKS = {
+    "_set_world_ranks": "set_world_ranks",
+    "_release_communication_state": "release_communication_state",
+}
+
 
 class ParallelStrategy(Strategy):
     """Base of multi-process strategies: ranks, the process group and collectives.
@@ -45,7 +52,13 @@ class ParallelStrategy(Strategy):
         start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
             torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
             ``torch.multiprocessing`` and run a function in each.
+
+    Subclasses may override :meth:`set_world_ranks` and :meth:`release_communication_state`.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        sync_renamed_hooks(cls, _RENAMED_HOOKS)
 
     def __init__(
         self,
@@ -81,6 +94,12 @@ class ParallelStrategy(Strategy):
         self._rendezvous_store: dist.Store | None = None
         self._setups = 0
 
+    def given_plugins(self) -> dict[str, Any]:
+        given = super().given_plugins()
+        if self._cluster_environment is not None:
+            given["cluster_environment"] = self._cluster_environment
+        return given
+
     def connect_plugins(
         self,
         *,
@@ -100,7 +119,7 @@ class ParallelStrategy(Strategy):
         if self._cluster_environment is None:
             self._cluster_environment = cluster_environment
         self._num_nodes = num_nodes
-        self._set_world_ranks()
+        self.set_world_ranks()
 
     # -- where this process stands --------------------------------------------------------
     @property
@@ -176,7 +195,13 @@ class ParallelStrategy(Strategy):
     def timeout(self) -> datetime.timedelta:
         return self._timeout
 
-    def _set_world_ranks(self) -> None:
+    def set_world_ranks(self) -> None:
+        """Tell the cluster environment the world size and this process's global rank.
+
+        Called by :func:`drivetrain.connect` once the devices and nodes are known. Override it when
+        the ranks come from somewhere else (the XLA runtime, a scheduler the environment cannot
+        read); an environment whose launcher created the processes already knows them.
+        """
         environment = self.cluster_environment
         if environment.creates_processes_externally:
             return
@@ -241,7 +266,7 @@ class ParallelStrategy(Strategy):
 
     def _leave_process_group(self, wait_for_peers: bool, store_wait: float = 0.0) -> None:
         if self._owns_process_group and dist.is_initialized():
-            self._release_communication_state()
+            self.release_communication_state()
             if store_wait > 0:
                 self._wait_for_peers_through_store(store_wait)
             if wait_for_peers:
@@ -269,8 +294,16 @@ class ParallelStrategy(Strategy):
         except Exception:  # the store's host is gone: nobody is left to wait for
             pass
 
-    def _release_communication_state(self) -> None:
-        """Free what holds on to the process group (DDP's reducers) before it is destroyed."""
+    def release_communication_state(self) -> None:
+        """Free what holds on to the process group (DDP's reducers) before it is destroyed.
+
+        Called at teardown and at interpreter exit, before the process group goes; override it to
+        drop the strategy's own references to the group (wrapped modules, communication hooks).
+        """
+
+    # Deprecated: the private names of the two hooks above (see _RENAMED_HOOKS).
+    _set_world_ranks = set_world_ranks
+    _release_communication_state = release_communication_state
 
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:

@@ -106,6 +106,22 @@ class Strategy:
     def cluster_environment(self) -> ClusterEnvironment | None:
         return None
 
+    def given_plugins(self) -> dict[str, Any]:
+        """The plugins this strategy holds before :func:`drivetrain.connect` wires it, by kind.
+
+        Keys among ``"accelerator"``, ``"precision"``, ``"checkpoint_io"`` and
+        ``"cluster_environment"``; a kind left out is for ``connect()`` to choose. ``connect()``
+        keeps these, and reports a kind given here and again in its own arguments as an error.
+        Override it if your strategy keeps its plugins somewhere other than the constructor's
+        arguments.
+        """
+        given = {
+            "accelerator": self._accelerator,
+            "precision": self._precision,
+            "checkpoint_io": self._checkpoint_io,
+        }
+        return {kind: plugin for kind, plugin in given.items() if plugin is not None}
+
     def connect_plugins(
         self,
         *,

@@ -83,7 +83,7 @@ class XLAStrategy(ParallelStrategy):
     def node_rank(self) -> int:
         return 0
 
-    def _set_world_ranks(self) -> None:
+    def set_world_ranks(self) -> None:
         """The XLA runtime knows the ranks; there is nothing to tell a cluster environment."""
 
     @property

@@ -11,21 +11,49 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 from torch.optim import Optimizer
 
+from drivetrain._utilities.renamed import sync_renamed_hooks
+
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.trainer import Trainer
 
 
+# Lightning's private name for generate_state_key, kept for callbacks written against it.
+_RENAMED_HOOKS = {"_generate_state_key": "generate_state_key"}
+
+
 class Callback:
     """Base class for callbacks: self-contained additions to a training run."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        sync_renamed_hooks(cls, _RENAMED_HOOKS)
+
     @property
     def state_key(self) -> str:
-        """The key of this callback's state in checkpoints; unique per callback type and settings."""
+        """The key of this callback's state in checkpoints; unique per callback type and settings.
+
+        Override it with :meth:`generate_state_key` when one run may hold several instances of the
+        callback (``ModelCheckpoint`` for two metrics): each then saves and restores its own state.
+        """
         return type(self).__qualname__
 
-    def _generate_state_key(self, **settings: Any) -> str:
+    def generate_state_key(self, **settings: Any) -> str:
+        """A :attr:`state_key` made of the class name and the settings that tell instances apart.
+
+        Example:
+            >>> class Watch(Callback):
+            ...     def __init__(self, monitor: str) -> None:
+            ...         self.monitor = monitor
+            ...     @property
+            ...     def state_key(self) -> str:
+            ...         return self.generate_state_key(monitor=self.monitor)
+            >>> Watch("val_loss").state_key
+            "Watch{'monitor': 'val_loss'}"
+        """
         return f"{type(self).__qualname__}{dict(sorted(settings.items()))!r}"
+
+    _generate_state_key = generate_state_key  # deprecated: Lightning's private name
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints."""

@@ -76,7 +76,7 @@ class EarlyStopping(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+        return self.generate_state_key(monitor=self.monitor, mode=self.mode)
 
     # -- when to check ----------------------------------------------------------------------
     def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:

@@ -108,7 +108,7 @@ class ModelCheckpoint(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(
+        return self.generate_state_key(
             monitor=self.monitor,
             mode=self.mode,
             every_n_train_steps=self.every_n_train_steps,
