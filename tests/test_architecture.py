@@ -1,38 +1,44 @@
-"""House rules checked mechanically: imports flow one way, and `import drivetrain` stays lazy."""
+"""House rules checked mechanically: imports flow one way, and `import drivetrain` stays lazy.
+
+The layers of DESIGN.md, lowest first. A module may import from its own package and from lower
+layers only; packages that share a layer are independent of each other (the two front doors do
+not use each other, nor do the data layer and the loggers). Every import counts: at module level,
+inside functions, under ``TYPE_CHECKING``, and the module names given to ``importlib`` as strings
+(lazy names, registries of built-in modules).
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "drivetrain"
 
-# DESIGN.md: utilities → accelerators, plugins → strategies (+ launchers) → connector → façade, trainer → cli
-LAYERS = {
-    "_utilities": 0,
-    "accelerators": 1,
-    "plugins": 1,
-    "strategies": 2,
-    "connector": 3,
-    "data": 4,
-    "loggers": 4,
-    "facade": 4,
-    "trainer": 4,
-    "utils": 4,
-    "cli": 5,
-    "__main__": 5,
-}
+LAYERS: list[set[str]] = [
+    {"_utilities"},
+    {"accelerators", "plugins"},
+    {"strategies"},
+    {"data", "loggers"},
+    {"connector"},
+    {"utils"},  # Accelerate's public helpers: below the façade, which uses them
+    {"facade", "trainer"},  # the two front doors
+    {"cli"},
+    {"__main__"},  # python -m drivetrain
+]
+LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+
+_MODULE_NAME = re.compile(r"drivetrain(\.[a-z_]+)+")
 
 
-def _layer(module: str) -> int | None:
+def _package(module: str) -> str | None:
+    """The top-level package (or root module) of ``drivetrain`` that ``module`` belongs to."""
     parts = module.split(".")
-    if parts[0] != "drivetrain":
+    if parts[0] != "drivetrain" or len(parts) == 1:
         return None
-    if len(parts) == 1:
-        return max(LAYERS.values())  # the package root re-exports everything lazily
-    return LAYERS.get(parts[1])
+    return parts[1]
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -42,29 +48,72 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _MODULE_NAME.fullmatch(node.value)
+        ):
+            found.append((node.lineno, node.value))  # importlib.import_module("drivetrain.x"), lazy maps
     return found
 
 
-def test_lower_layers_never_import_higher_ones() -> None:
+def _violations(source: Path) -> list[str]:
     violations = []
-    for path in sorted(SOURCE.rglob("*.py")):
-        relative = path.relative_to(SOURCE.parent).with_suffix("")
+    for path in sorted(source.rglob("*.py")):
+        relative = path.relative_to(source.parent).with_suffix("")
         module = ".".join(relative.parts).removesuffix(".__init__")
-        own = _layer(module)
-        if own is None or module == "drivetrain":
-            continue
+        own = _package(module)
+        if own is None:
+            continue  # the package root re-exports every layer, lazily
         for line, imported in _imports(path):
-            target = _layer(imported)
-            if target is not None and target > own:
-                violations.append(f"{path.relative_to(SOURCE.parent)}:{line} imports {imported}")
+            target = _package(imported)
+            if target is None or target == own or target not in LAYER_OF:
+                continue
+            if LAYER_OF[target] > LAYER_OF[own]:
+                violations.append(
+                    f"{path.relative_to(source.parent)}:{line} imports {imported} (a higher layer)"
+                )
+            elif LAYER_OF[target] == LAYER_OF[own]:
+                violations.append(
+                    f"{path.relative_to(source.parent)}:{line} imports {imported} ({own} and {target} are independent)"
+                )
+    return violations
+
+
+def test_lower_layers_never_import_higher_ones_and_peers_stay_independent() -> None:
+    violations = _violations(SOURCE)
     assert not violations, "imports against the layer order:\n" + "\n".join(violations)
 
 
 def test_every_package_module_is_assigned_a_layer() -> None:
     unassigned = {p.relative_to(SOURCE).parts[0].removesuffix(".py") for p in SOURCE.rglob("*.py")} - set(
-        LAYERS
+        LAYER_OF
     )
     assert unassigned <= {"__init__", "py"}, f"add these to LAYERS: {sorted(unassigned)}"
+
+
+def test_the_contract_catches_what_it_forbids(tmp_path: Path) -> None:
+    """The check itself: each kind of forbidden import in a small package tree is reported."""
+    package = tmp_path / "drivetrain"
+    files = {
+        "trainer/loop.py": "from drivetrain.facade.accelerator import Accelerator\n",  # front door -> front door
+        "utils/operations.py": "def gather():\n    from drivetrain.facade import current\n",  # lazy, upwards
+        "data/loader.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import drivetrain.loggers\n",
+        "strategies/registry.py": "BUILTIN = ('drivetrain.trainer.module',)\n",  # imported by name
+        "facade/accelerator.py": "from drivetrain.utils import operations\nfrom drivetrain.trainer import x\n",
+        "connector.py": "import drivetrain.strategies.ddp\n",  # allowed: downwards
+    }
+    for name, code in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(code)
+    found = sorted(line.split(" imports ")[0] for line in _violations(package))
+    assert found == [
+        "drivetrain/data/loader.py:3",
+        "drivetrain/facade/accelerator.py:2",
+        "drivetrain/strategies/registry.py:1",
+        "drivetrain/trainer/loop.py:1",
+        "drivetrain/utils/operations.py:2",
+    ]
 
 
 def test_import_drivetrain_imports_nothing_else_of_drivetrain() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.strategies import Strategy
 from drivetrain.strategies.launchers import SubprocessScriptLauncher
+from drivetrain.utils import current
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
     DistributedType,
@@ -47,13 +47,6 @@ if TYPE_CHECKING:
     from drivetrain.plugins.precision.precision import Precision
 
 _NO_CONTEXT = nullcontext()
-_latest: weakref.ref[Accelerator] | None = None
-
-
-def current_strategy() -> Strategy | None:
-    """The strategy of the most recently created live Accelerator in this process, if any."""
-    accelerator = _latest() if _latest is not None else None
-    return accelerator.strategy if accelerator is not None else None
 
 
 class Accelerator(Preparation, Persistence, Tracking):
@@ -113,7 +106,6 @@ class Accelerator(Preparation, Persistence, Tracking):
         fsdp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
     ) -> None:
-        global _latest
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
         self.device_placement = device_placement
         self.dataloader_config = settings.data_config(
@@ -153,7 +145,7 @@ class Accelerator(Preparation, Persistence, Tracking):
         # Fixed for the run; the strategy's property reads the environment on every call.
         self._world_size = self.strategy.world_size
         self._waiting_for_launch = self._start_processes()
-        _latest = weakref.ref(self)
+        current.set_current(self)  # the free functions of drivetrain.utils act on the latest Accelerator
 
     # -- processes ----------------------------------------------------------------------------
     def _start_processes(self) -> bool:
@@ -406,8 +398,7 @@ def _run_in_process(
     accelerator: Accelerator, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """The body of each process started by :meth:`Accelerator.launch`."""
-    global _latest
     accelerator._waiting_for_launch = False
     _set_up(accelerator)
-    _latest = weakref.ref(accelerator)
+    current.set_current(accelerator)
     return function(*args, **kwargs)

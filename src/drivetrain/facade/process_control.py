@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from drivetrain.facade import operations
 from drivetrain.facade.state import GradientState
 from drivetrain.strategies.strategy import Strategy
+from drivetrain.utils import collectives
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -151,7 +151,7 @@ class ProcessControl:
         pad them first with :meth:`pad_across_processes`.
         """
         self._require_processes("gather")
-        return operations.gather(self.strategy, tensor)
+        return collectives.gather(self.strategy, tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather like :meth:`gather` (objects are gathered as objects), then drop the items the
@@ -159,33 +159,33 @@ class ProcessControl:
         self._require_processes("gather_for_metrics")
         strategy = self.strategy
         if use_gather_object:
-            gathered = operations.gather_object(strategy, input_data)
+            gathered = collectives.gather_object(strategy, input_data)
         else:
-            gathered = operations.gather_leaves(strategy, input_data)
+            gathered = collectives.gather_leaves(strategy, input_data)
         loader = self.gradient_state.active_dataloader
         if strategy.world_size > 1 and loader is not None and loader.end_of_dataloader and loader.padding:
             if use_gather_object:
                 gathered = gathered[: max(0, len(gathered) - loader.padding)]
             else:
-                gathered = operations.drop_repeated(gathered, loader.padding)
+                gathered = collectives.drop_repeated(gathered, loader.padding)
         return gathered
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Sum (or average: ``reduction="mean"``) ``tensor`` over all processes, times ``scale``."""
         self._require_processes("reduce")
-        return operations.reduce(self.strategy, tensor, reduction, scale)
+        return collectives.reduce(self.strategy, tensor, reduction, scale)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad ``tensor`` (nested allowed) along ``dim`` to its largest size on any process."""
         self._require_processes("pad_across_processes")
-        return operations.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+        return collectives.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
         """Context manager giving this process its share of a list, tuple, tensor or dict of them."""
         self._require_processes("split_between_processes")
-        return operations.split_between_processes(self.strategy, inputs, apply_padding)
+        return collectives.split_between_processes(self.strategy, inputs, apply_padding)
 
     # -- triggers ---------------------------------------------------------------------------
     def set_trigger(self) -> None:

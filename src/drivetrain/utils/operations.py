@@ -1,8 +1,9 @@
 """Accelerate's free helper functions: seeding, and collectives outside an ``Accelerator`` method.
 
 The collectives need to know the processes of the run, which the ``Accelerator`` knows: they use
-the most recently created live ``drivetrain.Accelerator`` in this process (there is no global
-state to set up or reset; create the Accelerator first).
+the most recently created live ``drivetrain.Accelerator`` in this process (see
+:mod:`drivetrain.utils.current`; there is no global state to set up or reset, create the
+Accelerator first).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from drivetrain._utilities.apply import move_to_device
 from drivetrain._utilities.rank_zero import global_rank
 from drivetrain._utilities.seed import seed_everything
+from drivetrain.utils import collectives
+from drivetrain.utils.current import current_strategy
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
@@ -34,7 +37,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         The seed used in this process.
     """
     if device_specific:
-        strategy = _current_strategy()
+        strategy = current_strategy()
         seed += strategy.global_rank if strategy is not None else global_rank()
     used = seed_everything(seed)
     if deterministic:
@@ -42,14 +45,8 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     return used
 
 
-def _current_strategy() -> Strategy | None:
-    from drivetrain.facade.accelerator import current_strategy
-
-    return current_strategy()
-
-
 def _strategy(function: str) -> Strategy:
-    strategy = _current_strategy()
+    strategy = current_strategy()
     if strategy is None:
         raise RuntimeError(
             f"drivetrain.utils.{function} needs to know the processes of this run, which the Accelerator knows, "
@@ -61,30 +58,24 @@ def _strategy(function: str) -> Strategy:
 
 def gather(tensor: Any) -> Any:
     """Concatenate tensors (nested allowed) from all processes along the first dimension."""
-    from drivetrain.facade.operations import gather as gather_nested
-
-    return gather_nested(_strategy("gather"), tensor)
+    return collectives.gather(_strategy("gather"), tensor)
 
 
 def gather_object(object: Any) -> Any:
     """Gather picklable objects from all processes (lists are concatenated)."""
-    from drivetrain.facade.operations import gather_object as gather_objects
-
-    return gather_objects(_strategy("gather_object"), object)
+    return collectives.gather_object(_strategy("gather_object"), object)
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce tensors (nested allowed) over all processes: ``"mean"`` (default here), ``"sum"``, ``"none"``."""
-    from drivetrain.facade.operations import reduce as reduce_nested
-
-    return reduce_nested(_strategy("reduce"), tensor, reduction, scale)
+    return collectives.reduce(_strategy("reduce"), tensor, reduction, scale)
 
 
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad tensors (nested allowed) to their largest size along ``dim`` on any process."""
-    from drivetrain.facade.operations import pad_across_processes as pad_nested
-
-    return pad_nested(_strategy("pad_across_processes"), tensor, dim, pad_index, pad_first)
+    return collectives.pad_across_processes(
+        _strategy("pad_across_processes"), tensor, dim, pad_index, pad_first
+    )
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:

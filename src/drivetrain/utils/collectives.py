@@ -1,8 +1,10 @@
-"""Collective operations on nested data, as the Accelerator offers them.
+"""Collective operations on nested data through a given strategy.
 
 Each function takes the strategy that does the talking and data that may be a tensor, a plain
 object, or a tuple/list/dict/dataclass of them. With one process every function returns its
-input (or a copy) without communicating.
+input (or a copy) without communicating. ``drivetrain.Accelerator``'s methods call them with
+their own strategy, and the free functions of :mod:`drivetrain.utils.operations` with the live
+Accelerator's.
 """
 
 from __future__ import annotations
