@@ -57,3 +57,15 @@ def test_setup_stats_and_teardown_on_a_real_gpu() -> None:
     reserved_with_cache = torch.cuda.memory_reserved(device)
     accelerator.teardown()
     assert torch.cuda.memory_reserved(device) <= reserved_with_cache - 64 * 2**20
+
+
+def test_gpu_generators_come_back_through_the_hooks() -> None:
+    accelerator = CUDAAccelerator()
+    torch.rand(1, device="cuda")  # CUDA has started
+    saved = accelerator.get_rng_state()
+    assert len(saved) == torch.cuda.device_count()
+    first = torch.rand(4, device="cuda")
+    accelerator.set_rng_state(saved)
+    assert torch.equal(torch.rand(4, device="cuda"), first)
+    accelerator.synchronize()
+    accelerator.empty_cache()

@@ -230,3 +230,79 @@ def test_xla_stats_and_setup(hardware: Any) -> None:
     assert accelerator.get_device_stats("xla:0") == {"xla_bytes_used": 5, "xla_bytes_limit": 50}
     with pytest.raises(ValueError, match="which is not an XLA device"):
         accelerator.setup_device(torch.device("cpu"))
+
+
+# -- random generators, device memory, waiting (the hooks the core's checkpoints and timers use) --
+
+
+class _Generators:
+    """Per-device generator states of a faked runtime, recorded as torch's device modules keep them."""
+
+    def __init__(self, count: int) -> None:
+        self.states = [torch.tensor([index], dtype=torch.uint8) for index in range(count)]
+        self.initialized = True
+
+    def get_all(self) -> list[torch.Tensor]:
+        return list(self.states)
+
+    def set(self, state: torch.Tensor, device: int = 0) -> None:
+        self.states[device] = state
+
+
+@pytest.mark.parametrize("kind", ["cuda", "xpu"])
+def test_gpu_generators_are_saved_and_restored_device_by_device(
+    hardware: Any, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    getattr(hardware, kind)(2)
+    module = getattr(torch, kind)
+    generators = _Generators(2)
+    monkeypatch.setattr(module, "is_initialized", lambda: generators.initialized)
+    monkeypatch.setattr(module, "get_rng_state_all", generators.get_all)
+    monkeypatch.setattr(module, "set_rng_state", generators.set)
+    accelerator = CUDAAccelerator() if kind == "cuda" else XPUAccelerator()
+    saved = accelerator.get_rng_state()
+    assert [int(state) for state in saved] == [0, 1]
+    generators.states = [torch.tensor([9], dtype=torch.uint8)] * 2
+    # Saved on a host with three devices; the two visible here get theirs back, the third is ignored.
+    accelerator.set_rng_state([*saved, torch.tensor([2], dtype=torch.uint8)])
+    assert [int(state) for state in generators.states] == [0, 1]
+    accelerator.set_rng_state(None)  # saved before the runtime started: nothing to restore
+    generators.initialized = False
+    assert accelerator.get_rng_state() is None  # reading it would start the runtime
+
+
+def test_mps_generator_is_saved_and_restored(hardware: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    hardware.mps(True)
+    state = {"now": torch.tensor([3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda: state["now"])
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda new: state.update(now=new))
+    accelerator = MPSAccelerator()
+    saved = accelerator.get_rng_state()
+    state["now"] = torch.tensor([7], dtype=torch.uint8)
+    accelerator.set_rng_state(saved)
+    assert int(state["now"]) == 3
+    hardware.mps(False)
+    assert accelerator.get_rng_state() is None
+
+
+def test_xla_seed_is_saved_and_restored_and_synchronize_waits(hardware: Any) -> None:
+    hardware.torch_xla(count=4)
+    import torch_xla.core.xla_model as xm
+
+    accelerator = XLAAccelerator()
+    saved = accelerator.get_rng_state()
+    xm.set_rng_state(5)
+    accelerator.set_rng_state(saved)
+    assert xm.get_rng_state() == saved == 101
+    accelerator.synchronize()
+    assert hardware.xla_waits == 1
+
+
+def test_cpu_has_no_generator_of_its_own_and_nothing_to_wait_for() -> None:
+    from drivetrain.accelerators import CPUAccelerator
+
+    accelerator = CPUAccelerator()
+    assert accelerator.get_rng_state() is None  # torch's CPU generator is saved for every device
+    accelerator.set_rng_state(None)
+    accelerator.synchronize()
+    accelerator.empty_cache()

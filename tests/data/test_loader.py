@@ -126,8 +126,10 @@ def test_skip_first_batches(strategy: dt.strategies.Strategy) -> None:
 def test_a_loader_without_batches_and_bad_rng_types(strategy: dt.strategies.Strategy) -> None:
     unbatched = prepare_data_loader(DataLoader(_dataset(3), batch_size=None), strategy)
     assert [t[0].item() for t in unbatched] == [0, 1, 2]
-    with pytest.raises(ValueError, match=r"cannot synchronise: 'xla'"):
-        prepare_data_loader(DataLoader(_dataset()), strategy, rng_types=["torch", "xla"])
+    with pytest.raises(ValueError, match=r"cannot synchronise: 'tpu'"):
+        prepare_data_loader(DataLoader(_dataset()), strategy, rng_types=["torch", "tpu"])
+    with pytest.warns(UserWarning, match=r"names the 'cuda', 'xla' generator\(s\), but this run is on 'cpu'"):
+        prepare_data_loader(DataLoader(_dataset()), strategy, rng_types=["torch", "cuda", "xla"])
     with pytest.raises(TypeError, match=r"Write rng_types=\['torch'\]"):
         prepare_data_loader(DataLoader(_dataset()), strategy, rng_types="torch")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"expects a torch\.utils\.data\.DataLoader"):

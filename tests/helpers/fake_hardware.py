@@ -70,6 +70,15 @@ class FakeHardware:
         def get_memory_info(device: torch.device) -> dict[str, int]:
             return dict(memory_info or {})
 
+        rng = {"seed": 101}
+        self.xla_waits = 0
+
+        def set_rng_state(seed: int, device: Any = None) -> None:
+            rng["seed"] = seed
+
+        def wait_device_ops(devices: Any = None) -> None:
+            self.xla_waits += 1
+
         modules = {
             "torch_xla": {},
             "torch_xla.runtime": {
@@ -79,7 +88,12 @@ class FakeHardware:
             "torch_xla._internal": {},
             "torch_xla._internal.tpu": {"num_available_devices": device_count},
             "torch_xla.core": {},
-            "torch_xla.core.xla_model": {"get_memory_info": get_memory_info},
+            "torch_xla.core.xla_model": {
+                "get_memory_info": get_memory_info,
+                "get_rng_state": lambda device=None: rng["seed"],
+                "set_rng_state": set_rng_state,
+                "wait_device_ops": wait_device_ops,
+            },
         }
         built: dict[str, types.ModuleType] = {}
         for name, attributes in modules.items():

@@ -1,10 +1,9 @@
-"""Seeding and capturing every random number generator a training run touches."""
+"""Seeding every random number generator a training run touches (capturing them: :mod:`drivetrain.strategies.rng`)."""
 
 from __future__ import annotations
 
 import os
 import random
-from typing import Any
 
 import torch
 
@@ -51,53 +50,3 @@ def worker_init_function(worker_id: int, rank: int = 0) -> None:
     except ImportError:
         return
     np.random.seed(seed)
-
-
-def collect_rng_states() -> dict[str, Any]:
-    """The state of every generator, in a form ``torch.load(weights_only=True)`` accepts."""
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": _python_state_to_plain(random.getstate()),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-    except ImportError:
-        return states
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    states["numpy"] = {
-        "kind": str(kind),
-        "keys": torch.from_numpy(np.asarray(keys).astype("int64")),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached),
-    }
-    return states
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    """Undo :func:`collect_rng_states`; generators absent from ``states`` are left alone."""
-    if "torch" in states:
-        torch.set_rng_state(states["torch"])
-    if "python" in states:
-        random.setstate(_plain_to_python_state(states["python"]))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    if "numpy" in states:
-        import numpy as np
-
-        s = states["numpy"]
-        np.random.set_state(
-            (s["kind"], s["keys"].numpy().astype("uint32"), s["pos"], s["has_gauss"], s["cached_gaussian"])
-        )
-
-
-def _python_state_to_plain(state: tuple[Any, ...]) -> list[Any]:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _plain_to_python_state(state: list[Any]) -> tuple[Any, ...]:
-    version, internal, gauss = state
-    return version, tuple(internal), gauss

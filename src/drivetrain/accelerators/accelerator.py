@@ -75,8 +75,39 @@ class Accelerator(ABC):
     _unavailable_reason = unavailable_reason  # deprecated: the name before it was public
 
     # -- helpers the strategies use ---------------------------------------------------------
-    def synchronize(self, device: torch.device) -> None:
-        """Wait for the work queued on ``device`` (for timing); a no-op on synchronous hardware."""
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait for the work queued on ``device`` (all of this process's, when ``None``) to finish.
+
+        Used for timing; a no-op on synchronous hardware.
+        """
+
+    def empty_cache(self) -> None:
+        """Give memory that the device's caching allocator holds but does not use back; a no-op by default."""
+
+    # -- random generators, for checkpoints -------------------------------------------------
+    def get_rng_state(self) -> Any:
+        """The state of this hardware's own random generators, or ``None`` when it has none.
+
+        The CPU generator (``torch.get_rng_state()``), Python's and NumPy's are captured by the
+        checkpoint helper for every device; this hook adds what lives on the device (CUDA's
+        per-GPU generators, for example). The value is saved in checkpoints, so it must be made of
+        what ``torch.load(weights_only=True)`` reads back: tensors, numbers, strings, and lists,
+        tuples and dicts of them. Override it together with :meth:`set_rng_state`.
+        """
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore the generators from what :meth:`get_rng_state` returned in an earlier run.
+
+        Raises:
+            NotImplementedError: ``state`` is not ``None`` but this class does not override this
+                method (it overrides :meth:`get_rng_state` alone).
+        """
+        if state is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} saved random-generator state with get_rng_state() but does not "
+                f"override set_rng_state(state) to restore it. Define both methods on the accelerator."
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -49,11 +49,32 @@ class CUDAAccelerator(Accelerator):
 
     def teardown(self) -> None:
         """Give cached, unused GPU memory back to the driver (a no-op before CUDA started)."""
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Give cached, unused GPU memory back to the driver (a no-op before CUDA started)."""
         torch.cuda.empty_cache()
 
-    def synchronize(self, device: torch.device) -> None:
-        """Wait for the kernels queued on ``device``."""
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait for the kernels queued on ``device`` (the current GPU when ``None``)."""
         torch.cuda.synchronize(device)
+
+    def get_rng_state(self) -> list[torch.Tensor] | None:
+        """Every visible GPU's generator state; ``None`` while CUDA has not started in this process.
+
+        Asking before CUDA started would start it (and make later forks unusable) only to read
+        generators that nothing has drawn from yet.
+        """
+        if not torch.cuda.is_initialized():
+            return None
+        return torch.cuda.get_rng_state_all()
+
+    def set_rng_state(self, state: list[torch.Tensor] | None) -> None:
+        """Restore :meth:`get_rng_state`'s states, GPU by GPU (those beyond the visible GPUs are ignored)."""
+        if state is None:
+            return
+        for index, device_state in enumerate(state[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)
 
     def get_device_stats(self, device: torch.device | str) -> dict[str, Any]:
         """The caching allocator's statistics for ``device`` plus a few named figures.

@@ -45,12 +45,27 @@ class MPSAccelerator(Accelerator):
 
     def teardown(self) -> None:
         """Give cached, unused GPU memory back to the system."""
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Give cached, unused GPU memory back to the system."""
         if MPSAccelerator.is_available():
             torch.mps.empty_cache()
 
-    def synchronize(self, device: torch.device) -> None:
-        """Wait for the kernels queued on the GPU."""
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait for the kernels queued on the GPU (there is one, so ``device`` only names it)."""
         torch.mps.synchronize()
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The GPU's generator state (``None`` where MPS is not available)."""
+        if not MPSAccelerator.is_available():
+            return None
+        return torch.mps.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Restore :meth:`get_rng_state`'s state."""
+        if state is not None:
+            torch.mps.set_rng_state(state)
 
     def get_device_stats(self, device: torch.device | str) -> dict[str, Any]:
         """Memory figures of the MPS allocator.

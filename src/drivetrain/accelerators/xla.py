@@ -100,6 +100,26 @@ class XLAAccelerator(Accelerator):
         """Check that ``device`` is an XLA device; ``torch_xla`` selects it per process itself."""
         _xla_device(device, "setup_device")
 
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait until the operations traced so far have run (``torch_xla``'s ``wait_device_ops``)."""
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+
+    def get_rng_state(self) -> int:
+        """The seed of this process's XLA device generator (XLA keeps a seed, not a state tensor)."""
+        import torch_xla.core.xla_model as xm
+
+        return int(xm.get_rng_state())
+
+    def set_rng_state(self, state: int | None) -> None:
+        """Restore :meth:`get_rng_state`'s seed on this process's XLA device."""
+        if state is None:
+            return
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(int(state))
+
     def get_device_stats(self, device: torch.device | str) -> dict[str, Any]:
         """The memory figures ``torch_xla.core.xla_model.get_memory_info`` reports, prefixed ``xla_``."""
         device = _xla_device(device, "get_device_stats")

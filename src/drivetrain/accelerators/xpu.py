@@ -48,11 +48,28 @@ class XPUAccelerator(Accelerator):
 
     def teardown(self) -> None:
         """Give cached, unused device memory back (a no-op before the XPU runtime started)."""
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """Give cached, unused device memory back (a no-op before the XPU runtime started)."""
         torch.xpu.empty_cache()
 
-    def synchronize(self, device: torch.device) -> None:
-        """Wait for the kernels queued on ``device``."""
+    def synchronize(self, device: torch.device | None = None) -> None:
+        """Wait for the kernels queued on ``device`` (the current XPU when ``None``)."""
         torch.xpu.synchronize(device)
+
+    def get_rng_state(self) -> list[torch.Tensor] | None:
+        """Every visible XPU's generator state; ``None`` while the XPU runtime has not started."""
+        if not torch.xpu.is_initialized():
+            return None
+        return torch.xpu.get_rng_state_all()
+
+    def set_rng_state(self, state: list[torch.Tensor] | None) -> None:
+        """Restore :meth:`get_rng_state`'s states, device by device (extra ones are ignored)."""
+        if state is None:
+            return
+        for index, device_state in enumerate(state[: torch.xpu.device_count()]):
+            torch.xpu.set_rng_state(device_state, index)
 
     def get_device_stats(self, device: torch.device | str) -> dict[str, Any]:
         """The caching allocator's statistics for ``device`` plus a few named figures.

@@ -53,7 +53,8 @@ def prepare_data_loader(
         dispatch_batches: rank 0 loads and broadcasts (``True``), or every process loads its own
             share (``False``); ``None`` dispatches iterable datasets only.
         rng_types: generators to copy from rank 0 at each epoch start, besides the sampler's
-            own generator, which is always synchronised: ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``.
+            own generator, which is always synchronised: ``"torch"``, and the device's generators
+            (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``; through the accelerator's RNG hooks).
         device_placement: move batches to the strategy's device.
         data_seed: seed for the generator given to a shuffling sampler that has none (default:
             ``torch.initial_seed()``, so ``set_seed`` decides the order).
@@ -71,6 +72,14 @@ def prepare_data_loader(
             f"Wrap your dataset in a DataLoader first."
         )
     names = tuple(dict.fromkeys(("generator", *rng.validate_rng_types(rng_types))))
+    unused = rng.unused_device_types(strategy, names)
+    if unused:
+        warnings.warn(
+            f"rng_types names the {', '.join(map(repr, unused))} generator(s), but this run is on "
+            f"{strategy.root_device.type!r}: there is nothing to synchronise for them. Leave them out of rng_types.",
+            UserWarning,
+            stacklevel=3,
+        )
     sharding = strategy.distributed_sampler_kwargs
     n, rank = (sharding["num_replicas"], sharding["rank"]) if sharding else (1, 0)
     iterable = isinstance(dataloader.dataset, IterableDataset)

@@ -16,7 +16,8 @@ import torch
 from drivetrain.strategies.strategy import Strategy
 
 #: The generators that can be synchronised: torch's global one, a device's, and the data's own.
-RNG_TYPES = ("torch", "cuda", "xpu", "mps", "generator")
+RNG_TYPES = ("torch", "cuda", "xpu", "mps", "xla", "generator")
+_DEVICE_TYPES = ("cuda", "xpu", "mps", "xla")
 
 
 def validate_rng_types(rng_types: Iterable[str | Enum] | None) -> tuple[str, ...]:
@@ -47,30 +48,30 @@ def _name(value: str | Enum) -> str:
     return str(value.value) if isinstance(value, Enum) else str(value)
 
 
-def _device_module(name: str) -> Any:
-    module = getattr(torch, name, None)
-    if module is None or not module.is_available():
-        return None
-    return module
+def capture(
+    strategy: Strategy, rng_types: Sequence[str], generator: torch.Generator | None
+) -> dict[str, Any]:
+    """The states of the generators named in ``rng_types`` that exist in this process.
 
-
-def capture(rng_types: Sequence[str], generator: torch.Generator | None) -> dict[str, torch.Tensor]:
-    """The states of the generators named in ``rng_types`` (those that exist in this process)."""
-    states: dict[str, torch.Tensor] = {}
+    A device name (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``) stands for the strategy's hardware
+    generators, read through its accelerator's ``get_rng_state`` hook, when the strategy runs on
+    that kind of device; on other hardware it names nothing (see :func:`unused_device_types`).
+    """
+    states: dict[str, Any] = {}
     for name in rng_types:
         if name == "torch":
             states[name] = torch.get_rng_state()
         elif name == "generator":
             if generator is not None:
                 states[name] = generator.get_state()
-        else:
-            module = _device_module(name)
-            if module is not None:
-                states[name] = module.get_rng_state()
+        elif name == strategy.root_device.type:
+            device_state = strategy.accelerator.get_rng_state()
+            if device_state is not None:
+                states[name] = device_state
     return states
 
 
-def restore(states: dict[str, torch.Tensor], generator: torch.Generator | None) -> None:
+def restore(strategy: Strategy, states: dict[str, Any], generator: torch.Generator | None) -> None:
     """Set the generators from :func:`capture`'s output."""
     for name, state in states.items():
         if name == "torch":
@@ -78,15 +79,18 @@ def restore(states: dict[str, torch.Tensor], generator: torch.Generator | None) 
         elif name == "generator":
             if generator is not None:
                 generator.set_state(state)
-        else:
-            module = _device_module(name)
-            if module is not None:
-                module.set_rng_state(state)
+        elif name == strategy.root_device.type:
+            strategy.accelerator.set_rng_state(state)
+
+
+def unused_device_types(strategy: Strategy, rng_types: Sequence[str]) -> list[str]:
+    """The device generator names in ``rng_types`` that this strategy's hardware does not have."""
+    return [name for name in rng_types if name in _DEVICE_TYPES and name != strategy.root_device.type]
 
 
 def synchronize(strategy: Strategy, rng_types: Sequence[str], generator: torch.Generator | None) -> None:
     """Give every process rank 0's state of the generators in ``rng_types`` (a collective call)."""
     if strategy.world_size == 1 or not rng_types:
         return
-    states = capture(rng_types, generator) if strategy.is_global_zero else None
-    restore(strategy.broadcast(states, src=0), generator)
+    states = capture(strategy, rng_types, generator) if strategy.is_global_zero else None
+    restore(strategy, strategy.broadcast(states, src=0), generator)

@@ -14,14 +14,13 @@ import os
 import re
 import secrets
 import shutil
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from drivetrain._utilities.seed import collect_rng_states, restore_rng_states
+from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
 
 if TYPE_CHECKING:
     from drivetrain.facade.persistence import Persistence as Accelerator
@@ -40,7 +39,7 @@ def save_state(accelerator: Accelerator, output_dir: str | os.PathLike[str] | No
     strategy = accelerator.strategy
     state = _live_state(accelerator)
     per_process = {
-        "rng": collect_rng_states(),
+        "rng": capture_rng_states(strategy),
         "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
     }
     state["processes"] = strategy.all_gather_object(per_process)
@@ -70,16 +69,9 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     state.update({"processes": None, "accumulation_step": 0, "iteration": 0})
     strategy.load_state(path, state, strict=True)
     processes: list[dict[str, Any]] = state["processes"]
-    rank = accelerator.process_index
-    if len(processes) != accelerator.num_processes:
-        warnings.warn(
-            f"The state in '{directory}' was saved by {len(processes)} process(es) and is loaded by "
-            f"{accelerator.num_processes}: random generators and data positions are taken from process "
-            f"{rank % len(processes)}'s, so the run will not repeat the original exactly.",
-            UserWarning,
-            stacklevel=3,
-        )
-    mine = processes[rank % len(processes)]
+    mine = state_for_rank(
+        processes, accelerator.process_index, accelerator.num_processes, source=str(directory)
+    )
     loaders = accelerator._dataloaders
     if len(mine["dataloaders"]) != len(loaders):
         raise ValueError(
@@ -88,7 +80,7 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
         )
     for loader, position in zip(loaders, mine["dataloaders"]):
         loader.load_state_dict(position)
-    restore_rng_states(mine["rng"])
+    restore_rng_states(strategy, mine["rng"])
     accelerator.gradient_state.step = int(state["accumulation_step"])
     if config.automatic_checkpoint_naming:
         config.iteration = int(state["iteration"]) + 1

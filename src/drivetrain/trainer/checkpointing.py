@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from drivetrain._utilities.seed import collect_rng_states
+from drivetrain.strategies.rng import capture_rng_states, state_for_rank
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
 
@@ -69,7 +69,7 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
         state["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer._scheduler_configs]
         state["precision"] = trainer.strategy.precision
         state["loops"] = {"fit": progress.state_dict(), "should_stop": trainer.should_stop}
-        state["rng_states"] = trainer.strategy.all_gather_object(collect_rng_states())
+        state["rng_states"] = trainer.strategy.all_gather_object(capture_rng_states(trainer.strategy))
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
         state["results"] = trainer._train_results.state_dict() if trainer._train_results is not None else {}
         datamodule = trainer.datamodule
@@ -121,8 +121,9 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     states = rest.get("rng_states")
     if states:
         strategy = trainer.strategy
-        mine = states[strategy.global_rank] if len(states) == strategy.world_size else states[0]
-        trainer._pending_rng = mine
+        trainer._pending_rng = state_for_rank(
+            states, strategy.global_rank, strategy.world_size, source=str(path)
+        )
     trainer._restored = True
     trainer._hooks.call("on_load_checkpoint", rest)
 

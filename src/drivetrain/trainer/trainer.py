@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from drivetrain._utilities.seed import restore_rng_states
 from drivetrain.connector import connect
 from drivetrain.loggers.logger import Logger
 from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+from drivetrain.strategies.rng import restore_rng_states
 from drivetrain.strategies.strategy import Strategy
 from drivetrain.trainer import checkpointing
 from drivetrain.trainer.callbacks.callback import Callback
@@ -439,7 +439,7 @@ class Trainer(TrainerProperties):
 
     def _restore_rng_if_resuming(self) -> None:
         if self._pending_rng is not None:
-            restore_rng_states(self._pending_rng)
+            restore_rng_states(self.strategy, self._pending_rng)
             self._pending_rng = None
 
     def _hyperparameters(self) -> dict[str, Any]:

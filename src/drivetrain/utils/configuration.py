@@ -35,6 +35,7 @@ class RNGType(str, Enum):
     CUDA = "cuda"
     XPU = "xpu"
     MPS = "mps"
+    XLA = "xla"
     GENERATOR = "generator"
 
 

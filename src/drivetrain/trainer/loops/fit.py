@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from drivetrain._utilities.seed import collect_rng_states, restore_rng_states
+from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
 from drivetrain.trainer.data import resumed_iterator, set_sampler_epoch
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.state import RunningStage
@@ -152,16 +152,16 @@ class FitLoop:
         if resuming:
             # Recreate the epoch's order from the generators as they were at its start, skip the
             # batches already trained on, then continue with the generators as the checkpoint left them.
-            resume_states = collect_rng_states()
+            resume_states = capture_rng_states(trainer.strategy)
             if progress.epoch_rng is not None:
-                restore_rng_states(progress.epoch_rng)
+                restore_rng_states(trainer.strategy, progress.epoch_rng)
             set_sampler_epoch(loader, progress.epoch)
             iterator = resumed_iterator(
-                loader, progress.batches_done, lambda: restore_rng_states(resume_states)
+                loader, progress.batches_done, lambda: restore_rng_states(trainer.strategy, resume_states)
             )
         else:
             set_sampler_epoch(loader, progress.epoch)
-            progress.epoch_rng = collect_rng_states()
+            progress.epoch_rng = capture_rng_states(trainer.strategy)
             iterator = iter(loader)
         if math.isinf(self.num_batches) and self.settings.accumulate_grad_batches > 1:
             return self._flag_last(iterator)
