@@ -271,3 +271,82 @@ def test_drivetrain_launch_accelerator_variable(monkeypatch: pytest.MonkeyPatch)
         ValueError, match=r"drivetrain launch --accelerator cuda .* disagrees with accelerator='cpu'"
     ):
         dt.connect(accelerator="cpu")
+
+
+# -- options for what connect() builds from a name ------------------------------------------------------
+
+
+def test_strategy_options_reach_the_strategy_built_from_a_name() -> None:
+    strategy = dt.connect(
+        accelerator="cpu", strategy="ddp", devices=2, strategy_options={"static_graph": True, "timeout": 9}
+    )
+    assert isinstance(strategy, DDPStrategy) and strategy.ddp_kwargs == {"static_graph": True}
+    assert strategy.timeout.total_seconds() == 9
+    auto = dt.connect(accelerator="cpu", devices=2, strategy_options={"find_unused_parameters": True})
+    assert isinstance(auto, DDPStrategy) and auto.ddp_kwargs == {"find_unused_parameters": True}
+    preset = dt.connect(
+        accelerator="cpu", strategy="ddp_spawn", devices=2, strategy_options={"process_group_backend": "gloo"}
+    )
+    assert (preset.start_method, preset.process_group_backend) == ("spawn", "gloo")
+
+
+def test_strategy_options_have_nothing_to_do_in_one_process_under_auto() -> None:
+    strategy = dt.connect(accelerator="cpu", devices=1, strategy_options={"static_graph": True})
+    assert isinstance(strategy, SingleDeviceStrategy)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {
+                "strategy": "ddp_find_unused_parameters_true",
+                "strategy_options": {"find_unused_parameters": False},
+            },
+            ValueError,
+            r"strategy='ddp_find_unused_parameters_true' sets find_unused_parameters=True, but strategy_options set "
+            r"find_unused_parameters=False\. Set them once\.",
+        ),
+        (
+            {"strategy": "ddp", "strategy_options": {"bucket_size": 3}},
+            TypeError,
+            r"registered strategy 'ddp' \(DDPStrategy\) with strategy_options \['bucket_size'\]: DDPStrategy got "
+            r"unknown argument\(s\) 'bucket_size'",
+        ),
+        (
+            {"strategy": DDPStrategy(), "strategy_options": {"static_graph": True}},
+            ValueError,
+            r"strategy= is a DDPStrategy instance you built\. Pass them to its constructor instead",
+        ),
+        (
+            {"precision": DoublePrecision(), "precision_options": {"scaler_kwargs": {}}},
+            ValueError,
+            r"precision_options \(scaler_kwargs\) configure a precision built from a name, but the precision is the "
+            r"DoublePrecision instance given by precision=",
+        ),
+    ],
+)
+def test_options_that_cannot_apply_are_clear_errors(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        dt.connect(accelerator="cpu", devices=2, **kwargs)
+
+
+def test_precision_options_reach_the_precision_built_from_a_name() -> None:
+    strategy = dt.connect(
+        accelerator="cpu",
+        precision="16-mixed",
+        precision_options={
+            "scaler_kwargs": {"init_scale": 64.0},
+            "autocast_kwargs": {"cache_enabled": False},
+        },
+    )
+    precision = strategy.precision
+    assert isinstance(precision, MixedPrecision) and precision.scaler is not None
+    assert precision.scaler.get_scale() == 64.0 and precision.autocast_kwargs == {"cache_enabled": False}
+    with pytest.warns(
+        UserWarning, match=r"precision option scaler_kwargs=\{'init_scale': 64.0\} has no effect: "
+    ):
+        plain = dt.connect(accelerator="cpu", precision_options={"scaler_kwargs": {"init_scale": 64.0}})
+    assert type(plain.precision) is Precision

@@ -10,7 +10,7 @@ in later.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
@@ -42,6 +42,9 @@ def connect(
     num_nodes: int = 1,
     precision: str | int | Precision | None = None,
     plugins: PluginInput | Sequence[PluginInput] | None = None,
+    *,
+    strategy_options: Mapping[str, Any] | None = None,
+    precision_options: Mapping[str, Any] | None = None,
 ) -> Strategy:
     """Resolve the settings into a Strategy that owns its accelerator, precision, checkpoint IO and cluster environment.
 
@@ -56,6 +59,16 @@ def connect(
             or a :class:`~drivetrain.plugins.Precision` instance.
         plugins: one or a list of Precision, CheckpointIO and ClusterEnvironment instances
             (or precision names).
+        strategy_options: constructor arguments for the strategy built from a name, on top of
+            the registered preset's (``{"find_unused_parameters": True, "timeout": 600}``). A run
+            of one process under ``strategy="auto"`` builds no parallel strategy and has no use
+            for them (the same script also runs on many processes). An option the preset sets
+            to another value, or one the strategy does not take, is an error; so are options
+            with a Strategy instance (pass them to its constructor).
+        precision_options: constructor arguments for the precision built from a name
+            (``{"scaler_kwargs": {"init_scale": 1024.0}, "autocast_kwargs": {...}}``). An option
+            the resolved precision does not take has no effect and is reported with a warning;
+            options with a Precision instance are an error (configure the instance).
 
     Returns:
         The strategy, with every component set.
@@ -95,15 +108,30 @@ def connect(
     )
 
     precision_plugin = given.get("precision")
-    if not isinstance(precision_plugin, Precision):
+    if isinstance(precision_plugin, Precision):
+        if precision_options:
+            raise ValueError(
+                f"precision_options ({', '.join(precision_options)}) configure a precision built from a name, but "
+                f"the precision is the {type(precision_plugin).__name__} instance given by {given.source('precision')}. "
+                f"Configure that instance instead."
+            )
+    else:
         precision_plugin = precision_from_name(
-            precision_plugin if precision_plugin is not None else "32-true", parallel_devices[0].type
+            precision_plugin if precision_plugin is not None else "32-true",
+            parallel_devices[0].type,
+            options=precision_options,
         )
 
     if isinstance(strategy, Strategy):
+        if strategy_options:
+            raise ValueError(
+                f"strategy_options ({', '.join(strategy_options)}) configure a strategy built from a name, but "
+                f"strategy= is a {type(strategy).__name__} instance you built. Pass them to its constructor instead, "
+                f"e.g. {type(strategy).__name__}({', '.join(f'{k}=...' for k in strategy_options)})."
+            )
         built = strategy
     else:
-        built = _build_strategy(entry, world_size, parallel_devices, hardware)
+        built = _build_strategy(entry, world_size, parallel_devices, hardware, dict(strategy_options or {}))
     _check_strategy_fits(built, strategy, world_size, len(parallel_devices), environment, hardware)
     built.connect_plugins(
         accelerator=hardware,
@@ -161,6 +189,9 @@ class _Components:
     def get(self, name: str) -> Any:
         value = self._values.get(name)
         return value[0] if value is not None else None
+
+    def source(self, name: str) -> str:
+        return self._values[name][1]
 
 
 def _given_plugins(strategy: Strategy) -> dict[str, Any]:
@@ -247,20 +278,34 @@ def _devices_under(environment: ClusterEnvironment, devices: Any, num_nodes: int
 
 
 def _build_strategy(
-    entry: RegistryEntry | None, world_size: int, parallel_devices: list[torch.device], hardware: Accelerator
+    entry: RegistryEntry | None,
+    world_size: int,
+    parallel_devices: list[torch.device],
+    hardware: Accelerator,
+    options: dict[str, Any],
 ) -> Strategy:
     if entry is None:  # strategy="auto"
         if isinstance(hardware, XLAAccelerator):
-            return StrategyRegistry.get("xla")
+            entry = StrategyRegistry.entry("xla")
+        elif world_size == 1:
+            return SingleDeviceStrategy(device=parallel_devices[0])  # one process: options have nothing to do
+        else:
+            entry = StrategyRegistry.entry("ddp_notebook" if _interactive() else "ddp")
         if world_size == 1:
-            return SingleDeviceStrategy(device=parallel_devices[0])
-        return StrategyRegistry.get("ddp_notebook" if _interactive() else "ddp")
-    kwargs = {k: v for k, v in entry.init_kwargs.items() if k not in _COMPONENTS}
+            options = {}
+    preset = {k: v for k, v in entry.init_kwargs.items() if k not in _COMPONENTS}
+    clashes = sorted(k for k in options if k in preset and preset[k] != options[k])
+    if clashes:
+        raise ValueError(
+            f"strategy={entry.name!r} sets {', '.join(f'{k}={preset[k]!r}' for k in clashes)}, but strategy_options "
+            f"set {', '.join(f'{k}={options[k]!r}' for k in clashes)}. Set them once."
+        )
     try:
-        return entry.cls(**kwargs)
+        return entry.cls(**{**preset, **options})
     except TypeError as error:
+        with_options = f" with strategy_options {sorted(options)}" if options else ""
         raise TypeError(
-            f"Could not build the registered strategy {entry.name!r} ({entry.cls.__name__}): {error}"
+            f"Could not build the registered strategy {entry.name!r} ({entry.cls.__name__}){with_options}: {error}"
         ) from None
 
 

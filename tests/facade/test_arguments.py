@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 import warnings
+from typing import Any
 
 import pytest
 import torch
 
 import drivetrain as dt
 from drivetrain.plugins.precision import MixedPrecision
-from drivetrain.strategies import DDPStrategy, SingleDeviceStrategy
+from drivetrain.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
 from drivetrain.utils import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -108,10 +109,24 @@ def test_kwargs_handlers_are_checked() -> None:
         dt.Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://x:1")])
     with pytest.raises(ValueError, match=r"DistributedDataParallelKwargs\(comm_hook=...\) is not supported"):
         dt.Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(comm_hook="fp16")])
-    with pytest.warns(UserWarning, match="GradScalerKwargs has no effect: precision '32-true'"):
+    with pytest.warns(
+        UserWarning, match=r"scaler_kwargs=\{'init_scale': 8.0\} has no effect: precision '32-true'"
+    ):
         dt.Accelerator(cpu=True, kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])
-    with pytest.warns(UserWarning, match="AutocastKwargs has no effect"):
+    with pytest.warns(
+        UserWarning, match=r"scaler_kwargs=\{'init_scale': 8.0\} has no effect: precision 'bf16-mixed'"
+    ):
+        dt.Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])
+    with pytest.warns(UserWarning, match="autocast_kwargs=.* has no effect: precision '32-true'"):
         dt.Accelerator(cpu=True, kwargs_handlers=[AutocastKwargs(cache_enabled=True)])
+    with pytest.raises(
+        ValueError,
+        match=r"precision_options \(scaler_kwargs\) .* the MixedPrecision instance given by precision=",
+    ):
+        dt.Accelerator(
+            precision=MixedPrecision("16-mixed", device="cpu"),
+            kwargs_handlers=[GradScalerKwargs(init_scale=8.0)],
+        )
 
 
 def test_only_changed_handler_fields_are_passed_on() -> None:
@@ -140,11 +155,56 @@ def test_scaler_and_autocast_options_reach_the_precision() -> None:
 
 
 def test_ddp_options_need_a_strategy_the_accelerator_builds() -> None:
-    with pytest.raises(ValueError, match="Pass those options to the strategy's constructor"):
+    with pytest.raises(
+        ValueError, match=r"Pass them to its constructor instead, e.g. DDPStrategy\(static_graph=...\)"
+    ):
         dt.Accelerator(
             cpu=True,
             devices=2,
             strategy=DDPStrategy(start_method="fork"),
+            kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)],
+        )
+
+
+class CountedDDP(DDPStrategy):
+    built = 0
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        CountedDDP.built += 1
+
+
+def test_kwargs_handlers_configure_the_one_strategy_connect_builds() -> None:
+    StrategyRegistry.register("counted_ddp_fork", CountedDDP, description="test", start_method="fork")
+    CountedDDP.built = 0
+    accelerator = dt.Accelerator(  # fork: the processes start at accelerator.launch(), not here
+        cpu=True,
+        devices=2,
+        strategy="counted_ddp_fork",
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(static_graph=True),
+            InitProcessGroupKwargs(backend="gloo", timeout=datetime.timedelta(seconds=9)),
+        ],
+    )
+    strategy = accelerator.strategy
+    assert type(strategy) is CountedDDP and CountedDDP.built == 1
+    assert strategy.ddp_kwargs == {"static_graph": True}
+    assert (strategy.process_group_backend, strategy.timeout, strategy.start_method) == (
+        "gloo",
+        datetime.timedelta(seconds=9),
+        "fork",
+    )
+
+
+def test_ddp_options_for_a_strategy_that_takes_none_are_an_error() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"registered strategy 'fsdp' \(FSDPStrategy\) with strategy_options \['static_graph'\]",
+    ):
+        dt.Accelerator(
+            cpu=True,
+            devices=2,
+            strategy="fsdp",
             kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)],
         )
 

@@ -67,7 +67,11 @@ class Accelerator(Preparation, Persistence, Tracking):
         step_scheduler_with_optimizer: step prepared schedulers with the optimizer (``False``: on
             every call, for epoch-based schedules).
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
-            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (only changed fields are applied).
+            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (only changed fields are applied). They
+            become :func:`drivetrain.connect`'s ``strategy_options`` (DDP and process-group
+            settings, for a strategy given by name) and ``precision_options`` (``scaler_kwargs``,
+            ``autocast_kwargs``); one process needs no DDP settings, and a precision without a
+            loss scaler or autocast ignores those with a warning.
         dispatch_batches / even_batches: as in ``DataLoaderConfiguration``.
 
     drivetrain's arguments (as for :func:`drivetrain.connect`):

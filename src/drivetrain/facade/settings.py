@@ -1,26 +1,23 @@
 """Turn the Accelerator's arguments (Accelerate's and drivetrain's) into one Strategy via ``connect()``.
 
 Accelerate spells things its own way (``cpu=True``, ``mixed_precision="bf16"``, kwargs handlers);
-here they become ``connect()`` arguments. Options that ``connect()`` cannot take as strings (DDP
-options from a kwargs handler, the loss scaler's settings) are applied by building the strategy
-or precision instance and connecting again: the result is still one fully wired Strategy.
+here they become ``connect()`` arguments: the kwargs handlers become its ``strategy_options``
+(DDP and process-group settings) and ``precision_options`` (loss scaler and autocast settings),
+so ``connect()`` alone builds the strategy and the precision, once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-import torch
-
 from drivetrain.connector import connect
 from drivetrain.facade.state import GradientState
-from drivetrain.plugins.precision import MixedPrecision, Precision, canonical_precision
-from drivetrain.strategies import DDPStrategy, ParallelStrategy, Strategy
+from drivetrain.plugins.precision import Precision, canonical_precision
+from drivetrain.strategies import Strategy
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -157,24 +154,24 @@ def build_strategy(
     plugins: Any,
     handlers: Handlers,
 ) -> Strategy:
-    """Connect the settings, then apply the kwargs handlers to the resolved strategy and precision."""
-    devices = "auto" if devices is None else devices
-    built = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
-    new_strategy = _with_process_options(built, strategy, handlers)
-    new_precision = _with_precision_options(built.precision, precision, plugins, handlers)
-    if new_strategy is None and new_precision is None:
-        return built
-    return connect(
+    """Resolve the settings with one ``connect()``, the kwargs handlers passed on as its options."""
+    strategy_options = _strategy_options(handlers)
+    precision_options = _precision_options(handlers)
+    built = connect(
         accelerator,
-        new_strategy if new_strategy is not None else strategy,
-        devices,
+        strategy,
+        "auto" if devices is None else devices,
         num_nodes,
-        new_precision if new_precision is not None else precision,
+        precision,
         plugins,
+        strategy_options=strategy_options,
+        precision_options=precision_options,
     )
+    return built
 
 
-def _with_process_options(built: Strategy, requested: Any, handlers: Handlers) -> Strategy | None:
+def _strategy_options(handlers: Handlers) -> dict[str, Any]:
+    """DistributedDataParallelKwargs and InitProcessGroupKwargs as the strategy's constructor arguments."""
     ddp = handlers.ddp.to_kwargs() if handlers.ddp is not None else {}
     group = handlers.process_group.to_kwargs() if handlers.process_group is not None else {}
     unsupported = sorted(set(ddp) & {"comm_hook", "comm_wrapper", "comm_state_option"})
@@ -188,67 +185,26 @@ def _with_process_options(built: Strategy, requested: Any, handlers: Handlers) -
             f"InitProcessGroupKwargs(init_method={group['init_method']!r}) is not supported: processes meet "
             f"where the cluster environment says (MASTER_ADDR/MASTER_PORT, SLURM …). Leave init_method out."
         )
-    if not (ddp or group) or not isinstance(built, ParallelStrategy):
-        return None  # one process: nothing to configure (the same script also runs on many)
-    if isinstance(requested, Strategy) or type(built) is not DDPStrategy:
-        raise ValueError(
-            f"kwargs_handlers configure DistributedDataParallel/process-group options ({', '.join([*ddp, *group])}), "
-            f"but the strategy is {type(built).__name__}{' (an instance you built)' if isinstance(requested, Strategy) else ''}. "
-            f"Pass those options to the strategy's constructor instead, e.g. DDPStrategy(find_unused_parameters=True, "
-            f"timeout=...)."
-        )
-    options = built.ddp_kwargs
-    clashes = {key for key in ddp if key in options and options[key] != ddp[key]}
-    if clashes:
-        raise ValueError(
-            f"strategy={requested!r} sets {', '.join(f'{k}={options[k]!r}' for k in sorted(clashes))}, but "
-            f"DistributedDataParallelKwargs sets {', '.join(f'{k}={ddp[k]!r}' for k in sorted(clashes))}. Set them once."
-        )
-    return DDPStrategy(
-        start_method=built.start_method,
-        process_group_backend=group.get("backend"),
-        timeout=group.get("timeout") or built.timeout,
-        **{**options, **ddp},
-    )
+    options = dict(ddp)
+    if "backend" in group:
+        options["process_group_backend"] = group["backend"]
+    if "timeout" in group:
+        options["timeout"] = group["timeout"]
+    return options
 
 
-def _with_precision_options(
-    resolved: Precision, requested: Any, plugins: Any, handlers: Handlers
-) -> Precision | None:
-    scaler = handlers.scaler.to_kwargs() if handlers.scaler is not None else {}
-    autocast = handlers.autocast.to_kwargs() if handlers.autocast is not None else {}
-    has_scaler = isinstance(resolved, MixedPrecision) and resolved.scaler is not None
-    if handlers.scaler is not None and not has_scaler:
-        warnings.warn(
-            f"GradScalerKwargs has no effect: precision {resolved.name!r} uses no loss scaler (only "
-            f"mixed_precision='fp16' / '16-mixed' does).",
-            UserWarning,
-            stacklevel=4,
-        )
-        scaler = {}
-    if handlers.autocast is not None and not isinstance(resolved, MixedPrecision):
-        warnings.warn(
-            f"AutocastKwargs has no effect: precision {resolved.name!r} does not autocast (only 'fp16' and "
-            f"'bf16' mixed precision do).",
-            UserWarning,
-            stacklevel=4,
-        )
-        autocast = {}
-    if not (scaler or autocast):
-        return None
-    assert isinstance(resolved, MixedPrecision)
-    if isinstance(requested, Precision) or _has_precision_plugin(plugins):
-        raise ValueError(
-            "GradScalerKwargs/AutocastKwargs cannot change a Precision instance you built; configure it directly "
-            "(MixedPrecision(..., scaler=torch.amp.GradScaler(...)))."
-        )
-    grad_scaler = torch.amp.GradScaler(resolved.device, **scaler) if scaler else resolved.scaler
-    return MixedPrecision(resolved.name, device=resolved.device, scaler=grad_scaler, autocast_kwargs=autocast)
+def _precision_options(handlers: Handlers) -> dict[str, Any]:
+    """GradScalerKwargs and AutocastKwargs as the precision's constructor arguments.
 
-
-def _has_precision_plugin(plugins: Any) -> bool:
-    items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
-    return any(isinstance(item, Precision) for item in items)
+    A precision without a loss scaler or without autocast has no use for them; ``connect()`` (or
+    the precision) says so in a warning naming ``scaler_kwargs`` / ``autocast_kwargs``.
+    """
+    options: dict[str, Any] = {}
+    if handlers.scaler is not None and handlers.scaler.to_kwargs():
+        options["scaler_kwargs"] = handlers.scaler.to_kwargs()
+    if handlers.autocast is not None and handlers.autocast.to_kwargs():
+        options["autocast_kwargs"] = handlers.autocast.to_kwargs()
+    return options
 
 
 def check_steps(steps: Any) -> int:

@@ -34,6 +34,9 @@ class MixedPrecision(Precision):
         device: the device type autocast runs on (``"cuda"``, ``"cpu"``, ``"xpu"`` …; an index
             such as ``"cuda:1"`` is accepted and ignored).
         scaler: a ``torch.amp.GradScaler`` to use instead of the default one (float16 only).
+        scaler_kwargs: options for the default ``torch.amp.GradScaler`` (``init_scale``,
+            ``growth_interval`` …); with bfloat16, which needs no scaler, they have no effect
+            and a warning says so.
         autocast_kwargs: further ``torch.autocast`` options (``enabled``, ``cache_enabled``).
 
     Raises:
@@ -48,6 +51,7 @@ class MixedPrecision(Precision):
         *,
         device: str | torch.device = "cuda",
         scaler: torch.amp.GradScaler | None = None,
+        scaler_kwargs: dict[str, Any] | None = None,
         autocast_kwargs: dict[str, Any] | None = None,
     ) -> None:
         dtype = _DTYPES.get(precision) if isinstance(precision, str) else None
@@ -60,9 +64,20 @@ class MixedPrecision(Precision):
         device_type = _device_type(device)
         _check_autocast(precision, dtype, device_type)
         if scaler is not None:
+            if scaler_kwargs:
+                raise ValueError(
+                    "MixedPrecision got both scaler= and scaler_kwargs=; configure the GradScaler you pass instead."
+                )
             _check_scaler(precision, scaler, device_type)
         elif dtype is torch.float16:
-            scaler = torch.amp.GradScaler(device_type)
+            scaler = torch.amp.GradScaler(device_type, **(scaler_kwargs or {}))
+        elif scaler_kwargs:
+            warnings.warn(
+                f"scaler_kwargs={scaler_kwargs!r} has no effect: precision {precision!r} uses no loss scaler "
+                f"(only '16-mixed' does).",
+                UserWarning,
+                stacklevel=2,
+            )
 
         self.name = precision
         self.device = device_type

@@ -9,6 +9,8 @@ same thing through every front door.
 from __future__ import annotations
 
 import inspect
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from drivetrain._utilities.registry import Registry
@@ -89,12 +91,16 @@ def canonical_precision(value: str | int) -> str:
     return canonical
 
 
-def precision_from_name(value: str | int, device_type: str) -> Precision:
+def precision_from_name(
+    value: str | int, device_type: str, options: Mapping[str, Any] | None = None
+) -> Precision:
     """Build the precision plugin a name stands for, for hardware of ``device_type``.
 
     ``value`` may be a canonical name, an accepted spelling (see :func:`canonical_precision`) or
     a name registered in :data:`PrecisionRegistry` by a user or a plugin package. ``device_type``
     (``"cuda"``, ``"cpu"`` …) reaches only the plugins whose constructor takes ``device``.
+    ``options`` are further constructor arguments (``scaler_kwargs`` …); one the plugin does not
+    take has no effect, and a warning says so.
 
     Raises:
         TypeError: if ``value`` is neither a string nor an int.
@@ -112,7 +118,18 @@ def precision_from_name(value: str | int, device_type: str) -> Precision:
                 f"PrecisionRegistry.register(name, cls)."
             ) from None
     entry = PrecisionRegistry.entry(name)
+    parameters = inspect.signature(entry.cls).parameters
     overrides: dict[str, Any] = {}
-    if "device" in inspect.signature(entry.cls).parameters:
+    if "device" in parameters:
         overrides["device"] = device_type
+    for option, setting in (options or {}).items():
+        if option in parameters and option not in ("self", "device", "precision"):
+            overrides[option] = setting
+        else:
+            warnings.warn(
+                f"The precision option {option}={setting!r} has no effect: precision {name!r} "
+                f"({entry.cls.__name__}) does not take it.",
+                UserWarning,
+                stacklevel=3,
+            )
     return PrecisionRegistry.get(name, **overrides)
