@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -44,13 +44,6 @@ def apply_to_collection(
     return data
 
 
-def collect_leaves(data: Any, dtype: type | tuple[type, ...] = torch.Tensor) -> list[Any]:
-    """The ``dtype`` leaves of ``data`` in a fixed traversal order."""
-    found: list[Any] = []
-    apply_to_collection(data, dtype, found.append)
-    return found
-
-
 def move_to_device(data: Any, device: torch.device | str, non_blocking: bool = True) -> Any:
     """Move every tensor in ``data`` (and every object with a ``.to``) onto ``device``."""
     device = torch.device(device)
@@ -62,11 +55,3 @@ def move_to_device(data: Any, device: torch.device | str, non_blocking: bool = T
         return t.to(device, non_blocking=non_blocking and device.type != "cpu")
 
     return apply_to_collection(data, torch.Tensor, move)
-
-
-def is_sequence_of(value: Any, dtype: type) -> bool:
-    return (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and all(isinstance(v, dtype) for v in value)
-    )

@@ -41,10 +41,6 @@ class LoopSettings:
     fast_dev_run: int
     inference_mode: bool
 
-    @property
-    def infinite_epochs(self) -> bool:
-        return self.max_epochs == -1
-
 
 def _int(name: str, value: Any, minimum: int, extra: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -110,7 +110,6 @@ class ResultCollection:
         self._all_reduce = all_reduce
         self._all_gather_object = all_gather_object
         self._batch_size: tuple[int, int] = (-1, 1)
-        self._options_seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     @property
     def batch_level(self) -> bool:

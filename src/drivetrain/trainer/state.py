@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
@@ -36,6 +36,7 @@ class RunningStage(str, Enum):
 
     @property
     def evaluating(self) -> bool:
+        """Whether the stage evaluates (validation, its sanity check, or test), as Lightning's does."""
         return self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING, RunningStage.TESTING)
 
     @property
@@ -78,7 +79,6 @@ class FitProgress:
     epoch_rng: dict[str, Any] | None = None
     validation_pending: bool = False
     epoch_finished: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
