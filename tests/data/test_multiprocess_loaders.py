@@ -114,8 +114,9 @@ def test_sharded_and_dispatched_steps_hold_the_same_items(results: list[dict[str
             assert sharded[:-1] == dispatched[:-1]  # full steps; the last one is evened out differently
 
 
-def test_a_distributed_sampler_is_kept_with_a_warning(results: list[dict[str, Any]]) -> None:
+def test_a_distributed_sampler_is_kept(results: list[dict[str, Any]]) -> None:
     assert sorted(_flat(results[0]["presharded"]) + _flat(results[1]["presharded"])) == sorted(
         [*range(99), 0]
     )
-    assert any("already uses a DistributedSampler" in message for message in results[0]["presharded_warning"])
+    # The Accelerator warns (gather_for_metrics cannot drop its repeats); the data layer just keeps it.
+    assert results[0]["presharded_warning"] == []

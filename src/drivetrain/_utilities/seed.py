@@ -8,6 +8,7 @@ import random
 import torch
 
 _MAX_SEED = 2**32 - 1
+_SEED_WORKERS = "DRIVETRAIN_SEED_WORKERS"
 
 
 def seed_everything(seed: int | None = None, workers: bool = False) -> int:
@@ -15,8 +16,9 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
 
     Args:
         seed: the seed; ``None`` reads ``DRIVETRAIN_GLOBAL_SEED`` or picks 0.
-        workers: also derive distinct, reproducible seeds for data-loader workers
-            (through ``DRIVETRAIN_SEED_WORKERS``, read by :func:`worker_init_function`).
+        workers: also seed torch, ``random`` and NumPy in every worker process of the loaders
+            the front doors prepare, distinctly per worker and rank and reproducibly
+            (:class:`drivetrain.data.seeding.WorkerSeeder`).
 
     Returns:
         The seed that was used.
@@ -28,7 +30,7 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     if not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed must be between 0 and {_MAX_SEED} (what NumPy accepts), got {seed}.")
     os.environ["DRIVETRAIN_GLOBAL_SEED"] = str(seed)
-    os.environ["DRIVETRAIN_SEED_WORKERS"] = "1" if workers else "0"
+    os.environ[_SEED_WORKERS] = "1" if workers else "0"
     random.seed(seed)
     torch.manual_seed(seed)  # seeds every CUDA/XPU/MPS generator too
     try:
@@ -40,13 +42,10 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
-def worker_init_function(worker_id: int, rank: int = 0) -> None:
-    """Give each data-loader worker of each rank its own reproducible seed."""
-    base = torch.initial_seed() % _MAX_SEED
-    seed = (base + 7919 * rank + worker_id) % _MAX_SEED
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:
-        return
-    np.random.seed(seed)
+def worker_seeding_requested() -> bool:
+    """Whether ``seed_everything(workers=True)`` asked for seeded loader workers.
+
+    Kept in the environment (like the global seed) so that processes started later by the
+    launchers inherit the request.
+    """
+    return os.environ.get(_SEED_WORKERS, "0") == "1"

@@ -1,16 +1,19 @@
 """Data loading across processes: sharding, dispatching, look-ahead and resumable positions.
 
 Shared by the front doors: :func:`prepare_data_loader` turns a user's ``DataLoader`` into the
-:class:`PreparedDataLoader` each process iterates.
+:class:`PreparedDataLoader` each process iterates; shuffling depends only on ``(seed, epoch)``
+(:class:`SeedableRandomSampler`), and loader workers are seeded per worker and rank on request
+(:class:`WorkerSeeder`).
 """
 
 from drivetrain.data.batches import batch_length, batch_mover, concatenate_batches, pad_batch, slice_batch
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader, ShardedDataLoader
-from drivetrain.data.prepare import prepare_data_loader, skip_first_batches
+from drivetrain.data.prepare import prepare_data_loader, skip_first_batches, uses_distributed_sampler
 from drivetrain.data.rng import RNG_TYPES, validate_rng_types
 from drivetrain.data.samplers import ShardedBatchSampler
+from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder, epoch_seed
 
 __all__ = [
     "RNG_TYPES",
@@ -18,14 +21,18 @@ __all__ = [
     "DispatchingDataLoader",
     "IterableDatasetShard",
     "PreparedDataLoader",
+    "SeedableRandomSampler",
     "ShardedBatchSampler",
     "ShardedDataLoader",
+    "WorkerSeeder",
     "batch_length",
     "batch_mover",
     "concatenate_batches",
+    "epoch_seed",
     "pad_batch",
     "prepare_data_loader",
     "skip_first_batches",
     "slice_batch",
+    "uses_distributed_sampler",
     "validate_rng_types",
 ]

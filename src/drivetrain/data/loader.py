@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from drivetrain.data import rng
+from drivetrain.data import rng, seeding
 from drivetrain.strategies.strategy import Strategy
 
 
@@ -96,6 +96,8 @@ class PreparedDataLoader(DataLoader):
         active_loaders: ActiveLoaders | None,
         per_process_batch_size: int | None,
         total_batch_size: int | None,
+        batches_per_step: int = 1,
+        epoch_seed: tuple[int, int] | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)
@@ -105,15 +107,21 @@ class PreparedDataLoader(DataLoader):
         self._place = place
         self._active = active_loaders
         self._total_batch_size = total_batch_size
+        self._batches_per_step = batches_per_step
+        self._epoch_seed = epoch_seed
         self._epoch_aware = [
             target.set_epoch
-            for target in _epoch_targets(original)
+            for target in _epoch_targets(self)
             if callable(getattr(target, "set_epoch", None))
         ]
-        # DataLoader refuses these after construction; keep the user's values visible (read-only).
+        # DataLoader refuses these after construction; show the user's values (read-only), and the
+        # sampler that decides the order.
         object.__setattr__(self, "batch_size", per_process_batch_size)
         object.__setattr__(self, "drop_last", original.drop_last)
-        object.__setattr__(self, "sampler", original.sampler)
+        index_sampler = (
+            getattr(self.batch_sampler, "sampler", None) if self.batch_sampler is not None else None
+        )
+        object.__setattr__(self, "sampler", index_sampler if index_sampler is not None else self.sampler)
         #: The loader this one replaces.
         self.base_dataloader = original
         #: True while the last batch of the epoch is in use.
@@ -176,6 +184,10 @@ class PreparedDataLoader(DataLoader):
             # A resumed epoch continues with the states it started with; a new one starts in step.
             rng.synchronize(self._strategy, self._rng_types, self._sampler_generator)
             start_at = 0
+        if self._epoch_seed is not None:
+            # The workers' seeds, like the order, depend only on (seed, epoch) and the rank.
+            seed, rank = self._epoch_seed
+            self.generator.manual_seed(seeding.epoch_seed(seed, self._epoch, rank))
         self._epoch_start = self._generator_states()
         for set_epoch in self._epoch_aware:
             set_epoch(self._epoch)
@@ -221,19 +233,53 @@ class PreparedDataLoader(DataLoader):
         return self._total_batch_size - self.padding
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this process stands: epoch, batches handed out in it, generator states at its start."""
+        """Where this process stands: epoch, batches handed out in it, the seeds and generator
+        states its order comes from, and how many of the underlying batches each step consumes."""
         return {
             "epoch": self._epoch,
             "in_epoch": self._in_epoch,
             "batches_yielded": self._position.yielded if self._in_epoch else 0,
+            "batches_per_step": self._batches_per_step,
+            "seeds": self._seeds(),
             "generators": self._epoch_start if self._in_epoch else self._generator_states(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`'s position at the next iteration."""
+        """Continue from :meth:`state_dict`'s position at the next iteration.
+
+        A state saved with another number of processes (each step then consumed another number
+        of the underlying batches) resumes at the first step that holds an unseen batch: no batch
+        of the epoch is skipped, and fewer than one step's worth are seen again.
+        """
         self._epoch = int(state["epoch"])
+        self._set_seeds(state.get("seeds", {}))
         self._set_generator_states(state.get("generators", {}))
-        self._resume_at = int(state["batches_yielded"]) if state.get("in_epoch") else None
+        if not state.get("in_epoch"):
+            self._resume_at = None
+            return
+        yielded = int(state["batches_yielded"])
+        saved_per_step = int(state.get("batches_per_step", self._batches_per_step))
+        self._resume_at = yielded * saved_per_step // self._batches_per_step
+
+    def _seeds(self) -> dict[str, int]:
+        seeds = {}
+        seedable = self._seedable_sampler()
+        if seedable is not None:
+            seeds["sampler"] = seedable.initial_seed
+        if self._epoch_seed is not None:
+            seeds["loader"] = self._epoch_seed[0]
+        return seeds
+
+    def _set_seeds(self, seeds: dict[str, int]) -> None:
+        seedable = self._seedable_sampler()
+        if "sampler" in seeds and seedable is not None:
+            seedable.initial_seed = int(seeds["sampler"])
+        if "loader" in seeds and self._epoch_seed is not None:
+            self._epoch_seed = (int(seeds["loader"]), self._epoch_seed[1])
+
+    def _seedable_sampler(self) -> seeding.SeedableRandomSampler | None:
+        sampler = self.sampler
+        return sampler if isinstance(sampler, seeding.SeedableRandomSampler) else None
 
     def _generator_states(self) -> dict[str, torch.Tensor]:
         states = {}
@@ -276,14 +322,15 @@ class ShardedDataLoader(PreparedDataLoader):
         return int(getattr(source, "padding", 0))
 
 
-def _epoch_targets(original: DataLoader) -> list[Any]:
-    """The objects of ``original`` that may want ``set_epoch``: sampler, batch sampler, dataset."""
+def _epoch_targets(loader: DataLoader) -> list[Any]:
+    """The objects of ``loader`` that may want ``set_epoch``: sampler, batch sampler, dataset."""
+    inner = getattr(loader.batch_sampler, "batch_sampler", loader.batch_sampler)  # inside the sharding
     targets: list[Any] = []
     for candidate in (
-        getattr(original.batch_sampler, "sampler", None),
-        original.batch_sampler,
-        original.sampler,
-        original.dataset,
+        getattr(inner, "sampler", None),
+        inner,
+        loader.sampler,
+        loader.dataset,
     ):
         if candidate is not None and all(candidate is not seen for seen in targets):
             targets.append(candidate)

@@ -14,14 +14,23 @@ from enum import Enum
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+)
 
+from drivetrain._utilities.seed import worker_seeding_requested
 from drivetrain.data import rng
 from drivetrain.data.batches import batch_mover
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader, ShardedDataLoader, loader_settings
 from drivetrain.data.samplers import ShardedBatchSampler
+from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder
 from drivetrain.strategies.strategy import Strategy
 
 _MAX_SEED = 2**63 - 1
@@ -37,9 +46,17 @@ def prepare_data_loader(
     rng_types: Iterable[str | Enum] | None = None,
     device_placement: bool = True,
     data_seed: int | None = None,
+    use_seedable_sampler: bool = False,
+    shard: bool = True,
     active_loaders: ActiveLoaders | None = None,
 ) -> PreparedDataLoader:
     """The loader this process should iterate in place of ``dataloader``.
+
+    A ``RandomSampler`` without a generator of its own (``shuffle=True``) is replaced by a
+    :class:`~drivetrain.data.SeedableRandomSampler`: every epoch's order then depends only on
+    ``(seed, epoch)``, the processes agree on rank 0's seed, and ``set_epoch(e)`` brings epoch
+    ``e``'s order back. The loader's own generator (which seeds its worker processes) is reseeded
+    from ``(seed, epoch, rank)`` at each epoch start, unless the user gave the loader one.
 
     Args:
         dataloader: the user's loader; its dataset, sampler, batch sampler, collate function and
@@ -52,12 +69,17 @@ def prepare_data_loader(
             start of the epoch, so every process runs the same number of equal steps.
         dispatch_batches: rank 0 loads and broadcasts (``True``), or every process loads its own
             share (``False``); ``None`` dispatches iterable datasets only.
-        rng_types: generators to copy from rank 0 at each epoch start, besides the sampler's
-            own generator, which is always synchronised: ``"torch"``, and the device's generators
-            (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``; through the accelerator's RNG hooks).
+        rng_types: generators to copy from rank 0 at each epoch start: ``"torch"``, the device's
+            generators (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``; through the accelerator's RNG
+            hooks) and ``"generator"``, the generator of a sampler that is not seedable (always
+            synchronised when there is one).
         device_placement: move batches to the strategy's device.
-        data_seed: seed for the generator given to a shuffling sampler that has none (default:
-            ``torch.initial_seed()``, so ``set_seed`` decides the order).
+        data_seed: the seed of the shuffled order (default: ``torch.initial_seed()`` of rank 0,
+            so ``set_seed`` decides the order).
+        use_seedable_sampler: also make a ``RandomSampler`` that has its own generator seedable
+            (its generator is then reseeded from ``(seed, epoch)`` at each epoch).
+        shard: share the data between the processes; ``False`` gives every process all of it
+            (the user's sampler or dataset shards it).
         active_loaders: where the loader registers itself while it is being iterated.
 
     Raises:
@@ -71,8 +93,8 @@ def prepare_data_loader(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}. "
             f"Wrap your dataset in a DataLoader first."
         )
-    names = tuple(dict.fromkeys(("generator", *rng.validate_rng_types(rng_types))))
-    unused = rng.unused_device_types(strategy, names)
+    requested = rng.validate_rng_types(rng_types)
+    unused = rng.unused_device_types(strategy, requested)
     if unused:
         warnings.warn(
             f"rng_types names the {', '.join(map(repr, unused))} generator(s), but this run is on "
@@ -80,69 +102,91 @@ def prepare_data_loader(
             UserWarning,
             stacklevel=3,
         )
-    sharding = strategy.distributed_sampler_kwargs
+    sharding = strategy.distributed_sampler_kwargs if shard else None
     n, rank = (sharding["num_replicas"], sharding["rank"]) if sharding else (1, 0)
     iterable = isinstance(dataloader.dataset, IterableDataset)
     batch_size = _batch_size(dataloader)
     if split_batches and n > 1:
         _check_split(batch_size, n)
     seed = (data_seed if data_seed is not None else torch.initial_seed()) % _MAX_SEED
+    sampler, batch_sampler = _seedable(dataloader, seed, use_seedable_sampler)
+    index_sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
+    if n > 1 and isinstance(index_sampler, SeedableRandomSampler):
+        # One permutation shared out: every process shuffles with rank 0's seed.
+        index_sampler.initial_seed = strategy.broadcast(index_sampler.initial_seed, src=0)
+    sampler_generator = _sampler_generator(batch_sampler, sampler, seed)
+    names = tuple(name for name in requested if name != "generator")
+    if sampler_generator is not None:
+        names = ("generator", *names)
+    settings = loader_settings(dataloader)
+    if dataloader.num_workers > 0 and worker_seeding_requested():
+        settings["worker_init_fn"] = WorkerSeeder(strategy.global_rank, dataloader.worker_init_fn)
     common: dict[str, Any] = {
         "strategy": strategy,
         "original": dataloader,
         "rng_types": names,
-        "sampler_generator": _sampler_generator(dataloader, seed),
+        "sampler_generator": sampler_generator,
         "place": batch_mover(strategy) if device_placement else None,
         "active_loaders": active_loaders,
-        **loader_settings(dataloader),
-        "generator": dataloader.generator
-        if dataloader.generator is not None
-        else torch.Generator().manual_seed((seed + 1 + rank) % _MAX_SEED),
+        **settings,
+        "generator": dataloader.generator if dataloader.generator is not None else torch.Generator(),
+        "epoch_seed": (seed, strategy.global_rank) if dataloader.generator is None else None,
     }
     per_process = batch_size // n if split_batches and batch_size else batch_size
     total = None if batch_size is None else (batch_size if split_batches else batch_size * n)
     sizes: dict[str, Any] = {"per_process_batch_size": per_process, "total_batch_size": total}
 
-    if n > 1 and _uses_distributed_sampler(dataloader):
+    if n > 1 and uses_distributed_sampler(dataloader):
         if split_batches:
             raise ValueError(
                 "split_batches=True cannot split batches that a DistributedSampler already shares out. "
                 "Give the DataLoader a plain sampler (drivetrain shards it), or use split_batches=False."
             )
-        warnings.warn(
-            "The DataLoader already uses a DistributedSampler, so drivetrain keeps it and does not shard "
-            "again; gather_for_metrics cannot drop the items it repeats to even out the ranks. Use a plain "
-            "sampler (or shuffle=True) and let drivetrain shard the batches.",
-            UserWarning,
-            stacklevel=3,
-        )
-        return _sharded(dataloader, common, sizes, ShardedBatchSampler(dataloader.batch_sampler or []))
-
+        n, rank = 1, 0  # the user's sampler shares the data out already
+    sizes["batches_per_step"] = 1 if split_batches else n
     dispatch = n > 1 and (iterable if dispatch_batches is None else dispatch_batches)
     if dispatch:
-        return _dispatching(dataloader, common, sizes, split_batches, even_batches, batch_size)
+        return _dispatching(dataloader, common, sizes, split_batches, even_batches, batch_size, batch_sampler)
     if iterable:
         return _iterable_sharded(dataloader, common, sizes, n, rank, split_batches, per_process)
-    if dataloader.batch_sampler is None:
+    if batch_sampler is None:
         if n > 1:
             raise ValueError(
                 "This DataLoader has batch_size=None (the dataset returns whole batches), which drivetrain "
                 "can only share out by dispatching: pass dispatch_batches=True (DataLoaderConfiguration), "
                 "or give the DataLoader a batch_size."
             )
-        return ShardedDataLoader(
-            dataloader.dataset, sampler=dataloader.sampler, batch_size=None, **common, **sizes
-        )
+        return ShardedDataLoader(dataloader.dataset, sampler=sampler, batch_size=None, **common, **sizes)
     sharded = ShardedBatchSampler(
-        dataloader.batch_sampler, n, rank, split_batches=split_batches, even_batches=even_batches
+        batch_sampler, n, rank, split_batches=split_batches, even_batches=even_batches
     )
-    return _sharded(dataloader, common, sizes, sharded)
+    return ShardedDataLoader(dataloader.dataset, batch_sampler=sharded, **common, **sizes)
 
 
-def _sharded(
-    dataloader: DataLoader, common: dict[str, Any], sizes: dict[str, Any], batch_sampler: ShardedBatchSampler
-) -> PreparedDataLoader:
-    return ShardedDataLoader(dataloader.dataset, batch_sampler=batch_sampler, **common, **sizes)
+def _seedable(dataloader: DataLoader, seed: int, use_seedable_sampler: bool) -> tuple[Any, Any]:
+    """The loader's sampler and batch sampler, with a plain ``RandomSampler`` made seedable.
+
+    A ``RandomSampler`` with a generator of its own (``DataLoader(shuffle=True, generator=g)``)
+    keeps drawing from it unless ``use_seedable_sampler`` asks otherwise; custom samplers and
+    batch samplers are kept as they are. The user's objects are not changed.
+    """
+    sampler, batch_sampler = dataloader.sampler, dataloader.batch_sampler
+    if isinstance(dataloader.dataset, IterableDataset) or type(sampler) is not RandomSampler:
+        return sampler, batch_sampler
+    if sampler.generator is not None and not use_seedable_sampler:
+        return sampler, batch_sampler
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        return sampler, batch_sampler  # a custom batch sampler holds the user's sampler: keep both
+    seedable = SeedableRandomSampler(
+        sampler.data_source,
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        generator=sampler.generator,
+        data_seed=seed,
+    )
+    if batch_sampler is None:
+        return seedable, None
+    return seedable, BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
 
 
 def _iterable_sharded(
@@ -184,16 +228,17 @@ def _dispatching(
     split_batches: bool,
     even_batches: bool,
     batch_size: int | None,
+    batch_sampler: Any,
 ) -> PreparedDataLoader:
     dispatch: dict[str, Any] = {
         "split_batches": split_batches,
         "even_batches": even_batches,
         "full_batch_size": batch_size,
     }
-    if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
+    if batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
         return DispatchingDataLoader(
             dataloader.dataset,
-            batch_sampler=ShardedBatchSampler(dataloader.batch_sampler),
+            batch_sampler=ShardedBatchSampler(batch_sampler),
             **dispatch,
             **common,
             **sizes,
@@ -229,23 +274,23 @@ def _check_split(batch_size: int | None, n: int) -> None:
         )
 
 
-def _uses_distributed_sampler(dataloader: DataLoader) -> bool:
+def uses_distributed_sampler(dataloader: DataLoader) -> bool:
+    """Whether ``dataloader`` shares its data out itself, through a ``DistributedSampler``."""
     sampler = getattr(dataloader.batch_sampler, "sampler", None)
     return isinstance(sampler, DistributedSampler) or isinstance(dataloader.sampler, DistributedSampler)
 
 
-def _sampler_generator(dataloader: DataLoader, seed: int) -> torch.Generator | None:
-    """The generator the loader's shuffling draws from, given one if it has none.
+def _sampler_generator(batch_sampler: Any, sampler: Any, seed: int) -> torch.Generator | None:
+    """The generator a sampler that is not seedable shuffles with, given one if it has none.
 
-    A shuffling sampler without a generator draws from torch's global one, which differs between
-    processes and cannot be rewound to redraw an epoch's order on resume.
+    Such a sampler without a generator draws from torch's global one, which differs between
+    processes and cannot be rewound to redraw an epoch's order on resume. Its generator is
+    copied from rank 0 at each epoch start (``rng_types`` ``"generator"``).
     """
-    for holder in (
-        getattr(dataloader.batch_sampler, "sampler", None),
-        dataloader.batch_sampler,
-        dataloader.sampler,
-    ):
-        if holder is not None and hasattr(holder, "generator"):
+    for holder in (getattr(batch_sampler, "sampler", None), batch_sampler, sampler):
+        if holder is None or isinstance(holder, SeedableRandomSampler):
+            continue
+        if hasattr(holder, "generator"):
             if holder.generator is None:
                 holder.generator = torch.Generator().manual_seed(seed)
             return holder.generator

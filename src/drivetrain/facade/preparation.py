@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from drivetrain.data import PreparedDataLoader, prepare_data_loader
+from drivetrain.data import PreparedDataLoader, prepare_data_loader, uses_distributed_sampler
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
 from drivetrain.utils.configuration import DataLoaderConfiguration
@@ -228,6 +228,14 @@ class Preparation(ProcessControl):
         if known is not None:
             return known
         config = self.dataloader_config
+        if self.strategy.world_size > 1 and uses_distributed_sampler(data_loader):
+            warnings.warn(
+                "The DataLoader already uses a DistributedSampler, so drivetrain keeps it and does not shard "
+                "again; gather_for_metrics cannot drop the items it repeats to even out the ranks. Use a plain "
+                "sampler (or shuffle=True) and let drivetrain shard the batches.",
+                UserWarning,
+                stacklevel=3,
+            )
         prepared = prepare_data_loader(
             data_loader,
             self.strategy,
@@ -237,6 +245,7 @@ class Preparation(ProcessControl):
             rng_types=self.rng_types,
             device_placement=self.device_placement if device_placement is None else device_placement,
             data_seed=config.data_seed,
+            use_seedable_sampler=config.use_seedable_sampler,
             active_loaders=self.gradient_state.loaders,
         )
         self._dataloaders.append(prepared)

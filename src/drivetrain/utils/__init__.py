@@ -1,9 +1,10 @@
 """Accelerate-compatible helpers: ``from drivetrain.utils import set_seed`` works like ``accelerate.utils``.
 
-Seeding, the kwargs handlers, the configuration dataclasses and enums, and free collective
+Seeding (and ``SeedableRandomSampler``), the kwargs handlers, the configuration dataclasses and enums, and free collective
 functions (which use the live ``drivetrain.Accelerator`` of the process).
 """
 
+from drivetrain.data.seeding import SeedableRandomSampler
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
     DistributedType,
@@ -47,6 +48,7 @@ __all__ = [
     "PrecisionType",
     "ProjectConfiguration",
     "RNGType",
+    "SeedableRandomSampler",
     "broadcast",
     "broadcast_object_list",
     "gather",

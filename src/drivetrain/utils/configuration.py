@@ -95,9 +95,12 @@ class DataLoaderConfiguration:
         dispatch_batches: rank 0 loads and broadcasts; ``None`` means for iterable datasets only.
         even_batches: complete a final step the processes cannot share evenly with items from
             the start of the epoch (``gather_for_metrics`` drops them again).
-        use_seedable_sampler: accepted for compatibility; drivetrain always gives a shuffling
-            sampler its own generator, seeded from ``data_seed`` or ``torch.initial_seed()``.
-        data_seed: seed for that generator.
+        use_seedable_sampler: also make a ``RandomSampler`` that has a generator of its own
+            (``DataLoader(shuffle=True, generator=g)``) a :class:`~drivetrain.utils.SeedableRandomSampler`.
+            Without a generator of its own a shuffling sampler is made seedable anyway: every
+            epoch's order depends only on ``(data_seed, epoch)``.
+        data_seed: the seed of the shuffled order (default: ``torch.initial_seed()`` of rank 0, so
+            ``set_seed`` decides).
         non_blocking: accepted for compatibility; host-to-accelerator copies are always non-blocking.
         use_stateful_dataloader: accepted for compatibility; prepared loaders always save their
             position in ``save_state``.
