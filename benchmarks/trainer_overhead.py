@@ -8,7 +8,7 @@ interleaved round by round so that machine noise hits all three alike:
 * ``trainer+log``: the same with one ``self.log("loss", loss)`` per step.
 
 The Trainer runs with the progress bar, checkpointing and model summary off and the default
-logger on (CSV, every ``log_every_n_steps``). Its time per step is measured between
+logger on (TensorBoard when installed, else CSV, every ``log_every_n_steps``). Its time per step is measured between
 ``on_train_start`` and ``on_train_end`` (hooks outside the step loop, so they cost nothing per
 step). Medians over the rounds are reported, with the ratios to the raw loop, for two clocks: the
 main thread's CPU time (what the loop itself costs; insensitive to other programs competing for

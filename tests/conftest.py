@@ -49,13 +49,22 @@ def _no_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _trackers_stay_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches a tracking service: W&B runs offline, MLflow uses the store a test names."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _restore_registries() -> object:
-    """Registrations made by a test (custom accelerators, strategies, precisions) end with it."""
+    """Registrations made by a test (custom accelerators, strategies, precisions, loggers) end with it."""
     from drivetrain.accelerators import AcceleratorRegistry
+    from drivetrain.loggers.registry import LoggerRegistry
     from drivetrain.plugins.precision import PrecisionRegistry
     from drivetrain.strategies import StrategyRegistry
 
-    registries = (AcceleratorRegistry, StrategyRegistry, PrecisionRegistry)
+    registries = (AcceleratorRegistry, StrategyRegistry, PrecisionRegistry, LoggerRegistry)
     for registry in registries:
         registry.available()  # load the built-ins first, so the snapshot holds them
     saved = [dict(r._entries) for r in registries]

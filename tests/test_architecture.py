@@ -19,6 +19,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "drivetrain"
 
 LAYERS: list[set[str]] = [
     {"_utilities"},
+    {"logging"},  # drivetrain.logging: the public face of _utilities/log.py
     {"accelerators", "plugins"},
     {"strategies"},
     {"data", "loggers"},

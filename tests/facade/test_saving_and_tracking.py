@@ -82,7 +82,7 @@ def test_logging_without_trackers_is_not_silent(tmp_path: Path) -> None:
         accelerator.log({"loss": 1.0})
     with pytest.raises(ValueError, match="needs a directory"):
         dt.Accelerator(cpu=True, log_with="tensorboard").init_trackers("run")
-    with pytest.raises(ValueError, match="init_kwargs has options for 'tensorboard'"):
+    with pytest.raises(ValueError, match="Options were given for 'tensorboard'"):
         accelerator.init_trackers("run", init_kwargs={"tensorboard": {}})
 
 

@@ -64,9 +64,9 @@ class NoOptimizer(Regression):
             r"callbacks= expects drivetrain Callback instances, got object",
         ),
         (
-            {"logger": "csv"},
-            TypeError,
-            r"logger= expects True, False, a drivetrain.loggers.Logger or a list of them",
+            {"logger": "comet"},
+            ValueError,
+            r"logger='comet' names the logger 'comet', which is unknown. logger= accepts a logger name \('csv'",
         ),
         (
             {"enable_progress_bar": False, "callbacks": [TQDMProgressBar()]},

@@ -198,7 +198,12 @@ def _call_registration_hook(loaded: Any, registry: Registry[Any]) -> None:
         hook = next(
             (
                 getattr(loaded, attr)
-                for attr in ("register_accelerators", "register_strategies", "register_plugins")
+                for attr in (
+                    "register_accelerators",
+                    "register_strategies",
+                    "register_plugins",
+                    "register_loggers",
+                )
                 if hasattr(loaded, attr)
             ),
             None,

@@ -61,7 +61,8 @@ class Accelerator(Preparation, Persistence, Tracking):
         dataloader_config: a :class:`~drivetrain.utils.DataLoaderConfiguration`.
         rng_types: generators to synchronise at each epoch start besides the sampler's own:
             ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``, ``"generator"``.
-        log_with: trackers: ``"tensorboard"``, ``"csv"``, ``"all"`` or drivetrain loggers.
+        log_with: trackers: ``"tensorboard"``, ``"csv"``, ``"wandb"``, ``"mlflow"``, ``"all"`` (every
+            installed one), drivetrain loggers, or a list (the same values as ``Trainer(logger=...)``).
         project_dir / project_config: where logs and automatic checkpoints go.
         gradient_accumulation_plugin: a :class:`~drivetrain.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers with the optimizer (``False``: on

@@ -1,86 +1,45 @@
-"""Experiment trackers for the Accelerator (``log_with=``, ``init_trackers``, ``log``, ``end_training``).
+"""Experiment trackers for the Accelerator (``log_with=``, ``init_trackers``, ``log``, ``get_tracker``, ``end_training``).
 
-Trackers are drivetrain's loggers (:mod:`drivetrain.loggers`): ``"tensorboard"`` and ``"csv"``
-by name, or any :class:`~drivetrain.loggers.Logger` instance. They exist on the main process
-only; elsewhere logging calls do nothing, so the same script runs on every rank.
+Trackers are drivetrain's loggers (:mod:`drivetrain.loggers`), resolved by the same resolver as
+``Trainer(logger=...)``: ``"tensorboard"``, ``"csv"``, ``"wandb"``, ``"mlflow"`` (or a registered
+name), ``"all"`` (every installed one), or :class:`~drivetrain.loggers.Logger` instances. They
+exist on the main process only; elsewhere logging calls do nothing, so the same script runs on
+every rank.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 from drivetrain.facade.process_control import ProcessControl
+from drivetrain.loggers.resolve import build_loggers, logger_kind, parse_loggers
 from drivetrain.utils.configuration import ProjectConfiguration
-
-TRACKER_NAMES = ("tensorboard", "csv")
 
 
 def check_log_with(log_with: Any) -> list[Any]:
-    """``log_with`` as a list of tracker names and logger instances.
+    """``log_with`` as a list of logger names and instances, checked (unknown names, missing packages).
 
     Raises:
         ValueError: an unknown tracker name.
         TypeError: something that is neither a name nor a logger.
+        ImportError: a tracker whose package is missing (the message names the extra).
     """
-    from drivetrain.loggers import Logger
-
-    if log_with is None:
-        return []
-    items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
-    checked: list[Any] = []
-    for item in items:
-        name = item.value if isinstance(item, Enum) else item
-        if isinstance(name, str):
-            if name == "all":
-                checked.extend(n for n in TRACKER_NAMES if n not in checked)
-            elif name in TRACKER_NAMES:
-                if name not in checked:
-                    checked.append(name)
-            else:
-                raise ValueError(
-                    f"log_with={log_with!r} names the tracker {name!r}, which drivetrain does not provide. "
-                    f"Use {', '.join(map(repr, TRACKER_NAMES))}, 'all', or a drivetrain.loggers.Logger instance."
-                )
-        elif isinstance(item, Logger):
-            checked.append(item)
-        else:
-            raise TypeError(
-                f"log_with accepts tracker names ({', '.join(map(repr, TRACKER_NAMES))}, 'all') and "
-                f"drivetrain.loggers.Logger instances, got {type(item).__name__} ({item!r})."
-            )
-    return checked
+    return parse_loggers(log_with, argument="log_with")
 
 
 def create_trackers(
     wanted: list[Any], project_name: str, logging_dir: str | None, init_kwargs: Mapping[str, Any] | None
 ) -> list[Any]:
-    """Build the named trackers (logger instances are used as they are)."""
-    from drivetrain.loggers import CSVLogger, TensorBoardLogger
-
-    init_kwargs = dict(init_kwargs or {})
-    unknown = sorted(set(init_kwargs) - {w for w in wanted if isinstance(w, str)})
-    if unknown:
-        raise ValueError(
-            f"init_kwargs has options for {', '.join(map(repr, unknown))}, which log_with does not name "
-            f"(it names {[w if isinstance(w, str) else type(w).__name__ for w in wanted]})."
-        )
-    trackers: list[Any] = []
-    for item in wanted:
-        if not isinstance(item, str):
-            trackers.append(item)
-            continue
-        if logging_dir is None:
-            raise ValueError(
-                f"The {item!r} tracker writes files and needs a directory: pass Accelerator(project_dir=...) or "
-                f"ProjectConfiguration(logging_dir=...)."
-            )
-        cls = TensorBoardLogger if item == "tensorboard" else CSVLogger
-        trackers.append(cls(os.fspath(logging_dir), name=project_name, **init_kwargs.get(item, {})))
-    return trackers
+    """Build the named trackers for ``project_name`` (logger instances are used as they are)."""
+    return build_loggers(
+        wanted,
+        save_dir=logging_dir,
+        experiment=project_name,
+        options=init_kwargs,
+        save_dir_hint="pass Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)",
+    )
 
 
 def flatten_values(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -98,7 +57,7 @@ def flatten_values(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 def warn_no_trackers() -> None:
     warnings.warn(
         "Accelerator.log() records nothing: no tracker is configured. Pass log_with='tensorboard' (or 'csv', "
-        "'all') and call init_trackers(project_name) first.",
+        "'wandb', 'mlflow', 'all') and call init_trackers(project_name) first.",
         UserWarning,
         stacklevel=3,
     )
@@ -152,22 +111,32 @@ class Tracking(ProcessControl):
                 tracker.log_metrics(flat, step)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker named ``name`` (``unwrap``: its underlying writer); ``None`` off the main process."""
+        """The started tracker registered as ``name`` (``"wandb"`` …) or of that class name.
+
+        Args:
+            name: the tracker's registered name, or its class name (``"WandbLogger"``).
+            unwrap: return what it writes through instead: the ``SummaryWriter``, the W&B run,
+                the ``MlflowClient`` (Accelerate returns the active MLflow run there).
+
+        Returns ``None`` off the main process, where no tracker runs.
+        """
         for tracker in self.trackers:
-            if type(tracker).__name__.lower().startswith(name.lower()):
-                return getattr(tracker, "experiment", tracker) if unwrap else tracker
+            if name.lower() in (str(logger_kind(tracker)).lower(), type(tracker).__name__.lower()):
+                return tracker.experiment if unwrap and hasattr(tracker, "experiment") else tracker
         if self.is_main_process:
+            started = [logger_kind(t) or type(t).__name__ for t in self.trackers]
             raise ValueError(
-                f"No tracker named {name!r}; started: {[type(t).__name__ for t in self.trackers]}."
+                f"No tracker {name!r} was started (started: {started or 'none'}). Name it in log_with= and call "
+                f"init_trackers() first."
             )
         return None
 
     def end_training(self) -> None:
-        """Flush and close the trackers (call at the end of the script).
+        """Flush and close the trackers, ending their runs (call at the end of the script).
 
         Unlike Accelerate's, it leaves the process group alone (drivetrain releases it when the
         process exits), so waiting, gathering and saving after it still work.
         """
         for tracker in self.trackers:
-            tracker.finalize("success")
+            tracker.finish("success")
         self._trackers_started = False

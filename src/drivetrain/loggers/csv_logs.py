@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.loggers.logger import (
+    DEFAULT_EXPERIMENT,
     FolderLogger,
     metrics_to_floats,
     params_to_dict,
     plain_value,
 )
+from drivetrain.loggers.registry import LoggerRegistry
 
 METRICS_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.yaml"
@@ -44,7 +46,7 @@ class CSVLogger(FolderLogger):
     def __init__(
         self,
         save_dir: str | Path,
-        name: str | None = "drivetrain_logs",
+        name: str | None = DEFAULT_EXPERIMENT,
         version: int | str | None = None,
         *,
         prefix: str = "",
@@ -109,6 +111,11 @@ class CSVLogger(FolderLogger):
 
     def finalize(self, status: str) -> None:
         self.save()
+
+
+LoggerRegistry.register(
+    "csv", CSVLogger, description="metrics.csv and hparams.yaml under save_dir/name/version_N"
+)
 
 
 def _ordered_columns(existing: list[str], new: list[str]) -> list[str]:

@@ -4,24 +4,78 @@ A logger receives scalar metrics (``log_metrics``) and the run's hyperparameters
 (``log_hyperparams``) and writes them somewhere. Loggers write from global rank 0 only: the
 Trainer calls them there alone, and the write methods of the built-in loggers also check the
 rank the launcher announced, so a front door that calls them on every rank still writes once.
+On other ranks :attr:`Logger.experiment` is a stand-in that accepts every call and records
+nothing, so ``self.logger.experiment.add_image(...)`` in a module runs unchanged on every rank.
+
+Both front doors build loggers named by a string (``Trainer(logger="wandb")``,
+``Accelerator(log_with="mlflow")``) through :meth:`Logger.for_experiment` (see
+:mod:`drivetrain.loggers.resolve`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import os
 import re
 from abc import ABC, abstractmethod
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from drivetrain._utilities import imports
 from drivetrain._utilities.rank_zero import global_rank
 
-__all__ = ["Logger", "flatten_params", "metrics_to_floats", "next_version", "params_to_dict"]
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "Logger",
+    "NoExperiment",
+    "flatten_params",
+    "metrics_to_floats",
+    "next_version",
+    "params_to_dict",
+    "rank_zero_experiment",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The experiment name loggers get when nobody names one (the Trainer's ``drivetrain_logs`` folder).
+DEFAULT_EXPERIMENT = "drivetrain_logs"
+
+
+class NoExperiment:
+    """What :attr:`Logger.experiment` is on ranks other than 0: every attribute and call is accepted and ignored."""
+
+    def __getattr__(self, name: str) -> NoExperiment:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoExperiment:
+        return self
+
+    def __getitem__(self, key: Any) -> NoExperiment:
+        return self
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NoExperiment()"
+
+
+def rank_zero_experiment(getter: _F) -> _F:
+    """For an ``experiment`` property: the real object on global rank 0, a :class:`NoExperiment` elsewhere."""
+
+    @functools.wraps(getter)
+    def experiment(self: Any) -> Any:
+        if global_rank() != 0:
+            return NoExperiment()
+        return getter(self)
+
+    return experiment  # type: ignore[return-value]
 
 
 class Logger(ABC):
@@ -30,7 +84,47 @@ class Logger(ABC):
     Subclasses implement :attr:`name`, :attr:`version`, :meth:`log_metrics` and
     :meth:`log_hyperparams`; :meth:`save`, :meth:`finalize` and
     :meth:`after_save_checkpoint` have no-op defaults.
+
+    A logger that needs a package declares it in :attr:`requirement` (``("wandb", "wandb")``: the
+    module and the ``drivetrain[...]`` extra that installs it); naming such a logger where the
+    package is missing is an error that says what to install.
     """
+
+    #: ``(module, extra)``: the package this logger needs and the drivetrain extra that installs it.
+    requirement: ClassVar[tuple[str, str] | None] = None
+    #: Whether a logger built by name needs a folder to write into (``project_dir`` for the Accelerator).
+    needs_save_dir: ClassVar[bool] = False
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether the package this logger needs is installed."""
+        return cls.requirement is None or imports.package_available(cls.requirement[0])
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise an ImportError naming the extra to install when :meth:`is_available` is false."""
+        if cls.requirement is not None:
+            module, extra = cls.requirement
+            imports.require(module, extra=extra, feature=cls.__name__)
+
+    @classmethod
+    def for_experiment(cls, *, save_dir: str | None, experiment: str, **options: Any) -> Logger:
+        """Build the logger a front door names: ``Trainer(logger="csv")`` or ``accelerator.init_trackers(name)``.
+
+        Args:
+            save_dir: the door's folder for logs (``default_root_dir``; the Accelerator's ``logging_dir``).
+            experiment: the experiment (project) name: ``"drivetrain_logs"`` for the Trainer, the
+                ``project_name`` of ``init_trackers``.
+            **options: the logger's own constructor arguments (``init_kwargs={"csv": {...}}``).
+
+        The default passes ``save_dir`` and ``name=experiment`` to the constructor, as far as it takes
+        them; a logger whose constructor names them differently overrides this.
+        """
+        parameters = inspect.signature(cls).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        given = {"save_dir": save_dir, "name": experiment}
+        kwargs = {k: v for k, v in given.items() if (k in parameters or takes_any) and k not in options}
+        return cls(**kwargs, **options)
 
     @property
     @abstractmethod
@@ -67,6 +161,14 @@ class Logger(ABC):
         """Finish the run (``status`` is ``"success"``, ``"failed"`` or ``"aborted"``); flushes by default."""
         self.save()
 
+    def finish(self, status: str = "success") -> None:
+        """End the run for good (the Accelerator's ``end_training``); by default the same as :meth:`finalize`.
+
+        :meth:`finalize` ends one Trainer entry point, after which ``test`` may still log into the
+        same run; trackers whose runs must be closed explicitly (W&B) close them here.
+        """
+        self.finalize(status)
+
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called after a checkpoint was written (loggers that upload checkpoints override it)."""
 
@@ -77,6 +179,8 @@ class Logger(ABC):
 
 class FolderLogger(Logger):
     """A logger writing into ``save_dir/name/version_N``: the folder handling the file loggers share."""
+
+    needs_save_dir = True
 
     def __init__(
         self, save_dir: str | Path, name: str | None, version: int | str | None, prefix: str

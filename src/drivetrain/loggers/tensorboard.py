@@ -1,8 +1,8 @@
 """Log metrics and hyperparameters as TensorBoard event files.
 
-Needs the ``tensorboard`` package (``pip install 'drivetrain[tensorboard]'``); it is imported on
-first use, so constructing the logger costs nothing and a missing package is reported with the
-extra to install.
+Needs the ``tensorboard`` package (``pip install 'drivetrain[tensorboard]'``): a missing package
+is reported, with the extra to install, when the logger is constructed or named; the package is
+imported when the first event is written.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drivetrain._utilities.imports import require
 from drivetrain.loggers.csv_logs import HPARAMS_FILE, write_hparams_file
 from drivetrain.loggers.logger import (
+    DEFAULT_EXPERIMENT,
     FolderLogger,
     flatten_params,
     metrics_to_floats,
     params_to_dict,
     plain_value,
+    rank_zero_experiment,
 )
+from drivetrain.loggers.registry import LoggerRegistry
 
 
 class TensorBoardLogger(FolderLogger):
@@ -38,25 +40,28 @@ class TensorBoardLogger(FolderLogger):
     Hyperparameters go to TensorBoard's HParams dashboard and to ``hparams.yaml``.
     """
 
+    requirement = ("tensorboard", "tensorboard")
+
     def __init__(
         self,
         save_dir: str | Path,
-        name: str | None = "drivetrain_logs",
+        name: str | None = DEFAULT_EXPERIMENT,
         version: int | str | None = None,
         *,
         prefix: str = "",
         **writer_kwargs: Any,
     ) -> None:
+        self.check_available()
         super().__init__(save_dir, name, version, prefix)
         self._writer_kwargs = writer_kwargs
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
 
     @property
+    @rank_zero_experiment
     def experiment(self) -> Any:
-        """The ``SummaryWriter`` (created on first use), for anything beyond scalars."""
+        """The ``SummaryWriter`` (created on first use on global rank 0), for anything beyond scalars."""
         if self._writer is None:
-            require("tensorboard", extra="tensorboard", feature="TensorBoardLogger")
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
@@ -108,3 +113,8 @@ class TensorBoardLogger(FolderLogger):
         state = dict(self.__dict__)
         state["_writer"] = None
         return state
+
+
+LoggerRegistry.register(
+    "tensorboard", TensorBoardLogger, description="TensorBoard event files under save_dir/name/version_N"
+)

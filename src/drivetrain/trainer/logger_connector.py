@@ -13,26 +13,15 @@ from typing import Any
 
 from torch import Tensor
 
-from drivetrain.loggers.logger import Logger, metrics_to_floats
+from drivetrain.loggers.logger import DEFAULT_EXPERIMENT, Logger, metrics_to_floats
 from drivetrain.trainer.results import ResultCollection
 
 
 def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
-    """``logger=True`` (a CSVLogger under ``default_root_dir``), ``False``/``None``, a Logger, or a list of them."""
-    if logger is True:
-        from drivetrain.loggers.csv_logs import CSVLogger
+    """The loggers ``Trainer(logger=...)`` means (the resolver both front doors share), under ``default_root_dir``."""
+    from drivetrain.loggers.resolve import resolve_loggers as resolve
 
-        return [CSVLogger(default_root_dir)]
-    if logger is False or logger is None:
-        return []
-    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
-    for item in loggers:
-        if not isinstance(item, Logger):
-            raise TypeError(
-                f"logger= expects True, False, a drivetrain.loggers.Logger or a list of them, got {type(item).__name__} "
-                f"({item!r})."
-            )
-    return loggers
+    return resolve(logger, save_dir=default_root_dir, experiment=DEFAULT_EXPERIMENT, argument="logger")
 
 
 class MetricsHub:
@@ -82,7 +71,12 @@ class MetricsHub:
         self.logged.update(values)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
-        if self.is_global_zero and params:
+        """Record the run's hyperparameters when fit starts (also when there are none, as Lightning does).
+
+        This is also where each logger opens its writer or run, before the first training step
+        rather than inside the loop at the first logged step.
+        """
+        if self.is_global_zero:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(params))
 

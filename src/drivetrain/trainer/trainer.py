@@ -74,7 +74,9 @@ class Trainer(TrainerProperties):
         gradient_clip_val: clip gradients to this total norm (or value); ``None`` for no clipping.
         gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
         callbacks: a :class:`Callback` or a list of them.
-        logger: ``True`` (a CSVLogger under ``default_root_dir``), ``False``, a Logger or a list.
+        logger: ``True`` (the default logger: TensorBoard when installed, else CSV, under
+            ``default_root_dir/drivetrain_logs``), ``False``, a logger name (``"csv"``, ``"tensorboard"``,
+            ``"wandb"``, ``"mlflow"``, ``"all"`` or a registered one), a Logger, or a list of names and loggers.
         log_every_n_steps: send step metrics to the loggers every this many batches.
         enable_progress_bar: show a progress bar (tqdm) on global rank 0.
         enable_checkpointing: add a ``ModelCheckpoint`` (last epoch) unless one is given.
@@ -115,7 +117,7 @@ class Trainer(TrainerProperties):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         callbacks: Callback | list[Callback] | None = None,
-        logger: bool | Logger | list[Logger] = True,
+        logger: bool | str | Logger | Sequence[str | Logger] | None = True,
         log_every_n_steps: int = 50,
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,

@@ -40,11 +40,13 @@ class RNGType(str, Enum):
 
 
 class LoggerType(str, Enum):
-    """Experiment trackers ``log_with`` accepts."""
+    """Experiment trackers ``log_with`` accepts (any registered logger name works too)."""
 
     ALL = "all"
     TENSORBOARD = "tensorboard"
     CSV = "csv"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,24 @@
+"""``LoggerRegistry``: the logger names both front doors accept (``"csv"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``).
+
+A user's logger registered here works by name everywhere a built-in one does:
+``LoggerRegistry.register("mine", MyLogger)``, then ``Trainer(logger="mine")`` or
+``Accelerator(log_with="mine")``. Third-party packages register through the
+``drivetrain.loggers`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drivetrain._utilities.registry import Registry
+
+LoggerRegistry: Registry[Any] = Registry(
+    "logger",
+    entry_point_group="drivetrain.loggers",
+    builtin_modules=(
+        "drivetrain.loggers.csv_logs",
+        "drivetrain.loggers.tensorboard",
+        "drivetrain.loggers.wandb",
+        "drivetrain.loggers.mlflow",
+    ),
+)
