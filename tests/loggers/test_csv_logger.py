@@ -41,7 +41,7 @@ def test_new_metrics_widen_the_table_and_earlier_rows_are_kept(tmp_path: Path) -
     assert [(r["step"], r["loss"], r["acc"]) for r in rows] == [
         ("1", "0.5", ""),
         ("2", "0.25", "0.75"),
-        ("3", "", "1.0"),
+        ("3", "", "1"),  # an int stays an int (an epoch reads 3, not 3.0)
     ]
 
 

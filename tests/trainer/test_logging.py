@@ -155,3 +155,35 @@ def test_validate_and_test_return_epoch_values_per_loader() -> None:
     assert [r["test_count/dataloader_idx_0"] for r in results[:1]] == [64.0]
     assert results[1]["test_count/dataloader_idx_1"] == 24.0
     assert "test_count/dataloader_idx_1" not in results[0]
+
+
+class _LightningStyle(Regression):
+    """Logs a value per step and per epoch, one per step only, one per epoch only (Lightning's cases)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("both", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("epoch_only", loss, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+
+def test_metrics_csv_rows_carry_the_epoch_and_suffixes_only_when_both_are_logged(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    trainer = quiet_trainer(max_epochs=2, logger=logger, log_every_n_steps=4)
+    model = _LightningStyle()
+    trainer.fit(model, loader(), loader())
+    shown = set(trainer.progress_bar_metrics)
+    trainer.test(model, loader(), verbose=False)
+    with open(logger.metrics_file_path, newline="") as file:
+        rows = list(csv.DictReader(file))
+
+    # epoch on every row, as an integer: step rows, validation rows, epoch-end rows and the test row.
+    assert [row["epoch"] for row in rows] == ["0", "0", "0", "0", "1", "1", "1", "1", "2"]
+    kinds = [sorted(k for k, v in row.items() if v and k not in ("step", "epoch")) for row in rows]
+    step_row, val_row, epoch_row = ["both_step", "train_loss"], ["val_loss"], ["both_epoch", "epoch_only"]
+    assert kinds == [step_row, step_row, val_row, epoch_row] * 2 + [["test_count", "test_loss"]]
+    assert "both" not in rows[0]  # neither the plain name nor an empty column for it
+    # The bar shows each value under one name: both_step during the epoch, both_epoch after it.
+    assert shown == {"train_loss", "both_step", "both_epoch", "epoch_only", "val_loss"}
+    # Callbacks see every name, the plain one being the latest value.
+    assert {"both", "both_step", "both_epoch", "epoch_only"} <= set(trainer.callback_metrics)

@@ -300,7 +300,10 @@ def flatten_params(params: Mapping[str, Any], separator: str = "/") -> dict[str,
 
 
 def metrics_to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Check and convert logged values (numbers or one-element tensors) to floats."""
+    """Check and convert logged values (numbers or one-element tensors) to floats; Python ints stay ints.
+
+    Ints (``epoch``, counts) keep their type so a CSV shows ``3``, not ``3.0``.
+    """
     converted: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, torch.Tensor):
@@ -310,7 +313,9 @@ def metrics_to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
                     f"Reduce it first (e.g. .mean()) or log its elements under separate names."
                 )
             converted[key] = float(value.item())
-        elif (isinstance(value, (int, float)) and not isinstance(value, bool)) or isinstance(value, bool):
+        elif isinstance(value, int) and not isinstance(value, bool):
+            converted[key] = value
+        elif isinstance(value, (float, bool)):
             converted[key] = float(value)
         else:
             raise TypeError(

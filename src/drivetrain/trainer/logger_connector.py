@@ -7,7 +7,7 @@ of the epoch in progress are read from the training :class:`ResultCollection` wh
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,17 @@ def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
 
 
 class MetricsHub:
-    """The Trainer's view of logged values, and the one place that writes to loggers."""
+    """The Trainer's view of logged values, and the one place that writes to loggers.
 
-    def __init__(self, loggers: list[Logger]) -> None:
+    Args:
+        loggers: where logged values go (global rank 0 only).
+        epoch: returns the current epoch; every row sent to the loggers carries it as ``epoch``
+            (step, epoch-end, validation and test rows alike), so ``groupby("epoch")`` works.
+    """
+
+    def __init__(self, loggers: list[Logger], epoch: Callable[[], int] | None = None) -> None:
         self.loggers = loggers
+        self._epoch = epoch
         self.persisted: dict[str, Tensor | float] = {}
         self.persisted_prog_bar: dict[str, Tensor | float] = {}
         self.logged: dict[str, float] = {}
@@ -66,6 +73,8 @@ class MetricsHub:
         if not metrics or not self.is_global_zero or not self.loggers:
             return
         values = metrics_to_floats(metrics)
+        if self._epoch is not None and "epoch" not in values:
+            values["epoch"] = self._epoch()
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
         self.logged.update(values)

@@ -259,24 +259,33 @@ class ResultCollection:
         }
 
     def live_metrics(self, prog_bar_only: bool = False) -> dict[str, Tensor | float]:
-        """The latest step values this epoch (``name`` and, with ``on_epoch`` too, ``name_step``)."""
+        """The latest step values this epoch.
+
+        For callbacks, under ``name`` and, when the value is logged ``on_epoch`` too, ``name_step``;
+        for the progress bar (``prog_bar_only``) under ``name_step`` alone, as Lightning shows it.
+        """
         metrics: dict[str, Tensor | float] = {}
         for slot in self.slots.values():
             if slot.on_step and slot.last is not None and (slot.prog_bar or not prog_bar_only):
-                metrics[slot.step_key] = metrics[slot.name] = _detached(slot.last)
+                metrics[slot.step_key] = _detached(slot.last)
+                if not prog_bar_only:
+                    metrics[slot.name] = metrics[slot.step_key]
         return metrics
 
     def epoch_metrics(self, prog_bar_only: bool = False, logger_only: bool = False) -> dict[str, Tensor]:
-        """The epoch values computed so far (after :meth:`reduce_epoch`, and from epoch-level hooks)."""
+        """The epoch values computed so far (after :meth:`reduce_epoch`, and from epoch-level hooks).
+
+        All of them under every name (for callbacks); for the progress bar or the loggers under one
+        name each: ``name_epoch`` when the value is logged ``on_step`` too, else ``name``.
+        """
         if not prog_bar_only and not logger_only:
             return dict(self.epoch_values)
         chosen: dict[str, Tensor] = {}
         for slot in self.slots.values():
             if (prog_bar_only and not slot.prog_bar) or (logger_only and not slot.to_logger):
                 continue
-            for key in (slot.epoch_key, slot.name):
-                if key in self.epoch_values:
-                    chosen[key] = self.epoch_values[key]
+            if slot.epoch_key in self.epoch_values:
+                chosen[slot.epoch_key] = self.epoch_values[slot.epoch_key]
         return chosen
 
     # -- epoch end ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ modules of this package.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -169,7 +170,10 @@ class Trainer(TrainerProperties):
         self._use_distributed_sampler = use_distributed_sampler
         self._default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         fast = self._settings.fast_dev_run > 0
-        self._metrics = MetricsHub([] if fast else resolve_loggers(logger, self._default_root_dir))
+        self._metrics = MetricsHub(
+            [] if fast else resolve_loggers(logger, self._default_root_dir),
+            epoch=functools.partial(_current_epoch, self),
+        )
         self._callbacks = configure_callbacks(
             callbacks,
             enable_progress_bar=enable_progress_bar,
@@ -460,6 +464,10 @@ class Trainer(TrainerProperties):
 
     def __repr__(self) -> str:
         return f"Trainer(strategy={self._strategy!r}, fn={self.state.fn.value if self.state.fn else None})"
+
+
+def _current_epoch(trainer: Trainer) -> int:
+    return trainer.current_epoch
 
 
 def _collectives(strategy: Strategy) -> tuple[Any, Any]:
