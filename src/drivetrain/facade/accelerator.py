@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +32,13 @@ from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.strategies import Strategy
 from drivetrain.strategies.launchers import SubprocessScriptLauncher
+from drivetrain.strategies.step_policy import (
+    check_accumulation_steps,
+    check_clip_value,
+    clip_grad_norm,
+    clip_gradients,
+    nonfinite_norm_is_error,
+)
 from drivetrain.utils import current
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
@@ -45,8 +52,6 @@ if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
     from drivetrain.connector import PluginInput
     from drivetrain.plugins.precision.precision import Precision
-
-_NO_CONTEXT = nullcontext()
 
 
 class Accelerator(Preparation, Persistence, Tracking):
@@ -146,9 +151,8 @@ class Accelerator(Preparation, Persistence, Tracking):
         self._warned_log = False
         self.trackers: list[Any] = []
         self._trackers_started = False
-        self._plain_backward = self.strategy.backward_is_plain
-        # Fixed for the run; the strategy's property reads the environment on every call.
-        self._world_size = self.strategy.world_size
+        # The strategy picks the backward call (the plain ``loss.backward()`` where it adds nothing).
+        self._backward = self.strategy.step_functions().backward
         self._waiting_for_launch = self._start_processes()
         current.set_current(self)  # the free functions of drivetrain.utils act on the latest Accelerator
 
@@ -248,7 +252,7 @@ class Accelerator(Preparation, Persistence, Tracking):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        self.gradient_state.num_steps = settings.check_steps(steps)
+        self.gradient_state.num_steps = check_accumulation_steps(steps)
 
     @property
     def sync_gradients(self) -> bool:
@@ -272,48 +276,31 @@ class Accelerator(Preparation, Persistence, Tracking):
     # -- the training step -------------------------------------------------------------------
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` through the strategy (loss scaling), divided by the accumulation steps."""
-        steps = self.gradient_state.num_steps
-        if steps > 1:
-            if not self._warned_accumulate and not self.gradient_state.accumulate_called:
+        state = self.gradient_state
+        if state.num_steps != 1:
+            if not self._warned_accumulate and not state.accumulate_called:
                 self._warned_accumulate = True
                 warnings.warn(
-                    f"gradient_accumulation_steps={steps}, but the loop does not use `with accelerator.accumulate"
-                    f"(model):`, so the optimizer steps at every batch with the loss divided by {steps}. Wrap the "
-                    f"step in accelerator.accumulate(model).",
+                    f"gradient_accumulation_steps={state.num_steps}, but the loop does not use `with accelerator."
+                    f"accumulate(model):`, so the optimizer steps at every batch with the loss divided by "
+                    f"{state.num_steps}. Wrap the step in accelerator.accumulate(model).",
                     UserWarning,
                     stacklevel=2,
                 )
-            loss = loss / steps
-        if self._plain_backward:
-            loss.backward(**kwargs)
-        else:
-            self.strategy.backward(loss, self._backward_module, **kwargs)
+            loss = state.scale_loss(loss)
+        self._backward(loss, self._backward_module, **kwargs)
 
     def accumulate(self, *models: nn.Module) -> AbstractContextManager[Any]:
         """Context for one batch of gradient accumulation.
 
         Counts the batch; unless it completes ``gradient_accumulation_steps`` batches (or is the
         data loader's last), gradients are not all-reduced and prepared optimizers and schedulers
-        skip their steps.
+        skip their steps. The rules are the core's step policy, which the Trainer follows too.
         """
         state = self.gradient_state
         state.accumulate_called = True
-        # Inlined (no helper calls): this runs at every batch and the bar is a few microseconds.
-        loaders = state.loaders.stack
-        if state.sync_with_dataloader and loaders and loaders[-1].end_of_dataloader:
-            state.step = 0
-            sync = True
-        else:
-            step = state.step + 1
-            state.step = step
-            sync = step % state.num_steps == 0
-        state.sync_gradients = sync
-        if sync or state.sync_each_batch or self._world_size == 1:
-            return _NO_CONTEXT
-        stack = ExitStack()
-        for model in models:
-            stack.enter_context(self.strategy.no_backward_sync(model))
-        return stack
+        state.advance(state.loaders.end_of_dataloader)
+        return state.backward_context(self.strategy, models)
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Context in which backward passes do not all-reduce ``model``'s gradients."""
@@ -336,23 +323,36 @@ class Accelerator(Preparation, Persistence, Tracking):
     def clip_grad_norm_(
         self, parameters: Iterable[Tensor] | Tensor, max_norm: float, norm_type: float = 2
     ) -> Tensor:
-        """Clip the gradients' total norm (unscaling fp16 gradients first); returns the norm before clipping."""
+        """Clip the gradients' total norm (unscaling fp16 gradients first); returns the norm before clipping.
+
+        An inf/NaN norm is left to the fp16 loss scaler, which skips the step; without a loss
+        scaler it raises ``RuntimeError`` before the weights are touched (as in the Trainer).
+        """
+        check_clip_value(max_norm, "max_norm")
         params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
         owner, model = self._optimizer_of(params)
         if owner is not None and model is not None:
-            return self.strategy.clip_gradients_norm(
-                model, owner.optimizer, max_norm, norm_type, error_if_nonfinite=False
-            )
+            norm = clip_gradients(self.strategy, model, owner.optimizer, max_norm, "norm", norm_type)
+            assert norm is not None
+            return norm
         self._check_clip_target("clip_grad_norm_")
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+        precision = self.strategy.precision
+        return clip_grad_norm(
+            params,
+            max_norm,
+            norm_type,
+            error_if_nonfinite=nonfinite_norm_is_error(precision),
+            precision_name=precision.name,
+        )
 
     def clip_grad_value_(self, parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
         """Clip every gradient to ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
+        check_clip_value(clip_value, "clip_value")
         params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
         owner, model = self._optimizer_of(params)
         if owner is not None and model is not None:
-            self.strategy.clip_gradients_value(model, owner.optimizer, clip_value)
+            clip_gradients(self.strategy, model, owner.optimizer, clip_value, "value")
             return
         self._check_clip_target("clip_grad_value_")
         self.unscale_gradients()

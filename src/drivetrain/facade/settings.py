@@ -18,6 +18,7 @@ from drivetrain.connector import connect
 from drivetrain.facade.state import GradientState
 from drivetrain.plugins.precision import Precision, canonical_precision
 from drivetrain.strategies import Strategy
+from drivetrain.strategies.step_policy import check_accumulation_steps
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -207,14 +208,8 @@ def _precision_options(handlers: Handlers) -> dict[str, Any]:
     return options
 
 
-def check_steps(steps: Any) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}.")
-    return steps
-
-
 def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientState:
-    check_steps(steps)
+    check_accumulation_steps(steps)
     if plugin is None:
         return GradientState(steps)
     if steps != 1:
@@ -226,7 +221,7 @@ def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> Gra
         raise ValueError(
             "GradientAccumulationPlugin(num_steps=None): set num_steps to the batches per optimizer step."
         )
-    return GradientState(check_steps(plugin.num_steps), plugin.sync_with_dataloader, plugin.sync_each_batch)
+    return GradientState(plugin.num_steps, plugin.sync_with_dataloader, plugin.sync_each_batch)
 
 
 def data_config(

@@ -7,10 +7,15 @@ the optimizers, schedulers and data loaders it prepares.
 from __future__ import annotations
 
 from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader
+from drivetrain.strategies.step_policy import GradientAccumulation
 
 
-class GradientState:
+class GradientState(GradientAccumulation):
     """Whether this step synchronises gradients and steps the optimizer, and where the data stands.
+
+    The core's accumulation policy (:class:`~drivetrain.strategies.step_policy.GradientAccumulation`,
+    which the Trainer follows too) with what Accelerate's ``GradientState`` adds: the prepared
+    loaders being iterated, whose last batch ends a window early.
 
     Args:
         num_steps: batches per optimizer step (gradient accumulation).
@@ -21,13 +26,9 @@ class GradientState:
     def __init__(
         self, num_steps: int = 1, sync_with_dataloader: bool = True, sync_each_batch: bool = False
     ) -> None:
-        self.num_steps = num_steps
-        self.sync_with_dataloader = sync_with_dataloader
-        self.sync_each_batch = sync_each_batch
-        #: False while accumulating: prepared optimizers skip ``step``/``zero_grad``, DDP skips the all-reduce.
-        self.sync_gradients = True
-        #: Batches accumulated since the last optimizer step.
-        self.step = 0
+        super().__init__(
+            num_steps, sync_with_dataloader=sync_with_dataloader, sync_each_batch=sync_each_batch
+        )
         #: Whether ``Accelerator.accumulate`` has been used (for the misuse warning).
         self.accumulate_called = False
         self.loaders = ActiveLoaders()

@@ -51,17 +51,15 @@ class PreparedOptimizer(Optimizer):
         # torch's Optimizer.__init__ is deliberately not called: the wrapped optimizer holds the state.
         self.optimizer = optimizer
         self._gradient_state = gradient_state
-        self._strategy_step = strategy.optimizer_step
+        # The strategy picks the call (the plain ``optimizer.step()`` where it adds nothing).
+        self._strategy_step = strategy.step_functions().optimizer_step
         self._precision: Precision = strategy.precision
         self._model = model
-        self._plain_step = strategy.optimizer_step_is_plain
 
     # -- the per-step path -------------------------------------------------------------------
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Step the optimizer (through the strategy) unless gradients are being accumulated."""
         if self._gradient_state.sync_gradients:
-            if self._plain_step:
-                return self.optimizer.step() if closure is None else self.optimizer.step(closure)
             return self._strategy_step(self.optimizer, closure, self._model)
         return None
 

@@ -328,7 +328,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         optimizer: Optimizer,
         max_norm: float,
         norm_type: float = 2.0,
-        error_if_nonfinite: bool = True,
+        error_if_nonfinite: bool | None = None,
     ) -> Tensor:
         """DeepSpeed clips inside ``engine.step`` by its config's ``gradient_clipping``.
 

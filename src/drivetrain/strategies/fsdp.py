@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.optim import Optimizer
 
 from drivetrain.strategies.consolidate import consolidate_checkpoint
@@ -288,26 +288,6 @@ class FSDPStrategy(ParallelStrategy):
                 f"{type(module).__name__}."
             )
         return _gradient_sync_off(module)
-
-    def clip_gradients_norm(
-        self,
-        module: nn.Module,
-        optimizer: Optimizer,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = True,
-    ) -> Tensor:
-        """Clip by the norm of all ranks' gradient shards together; returns that (global) norm."""
-        from torch.distributed.tensor import DTensor
-
-        self.precision.unscale_gradients(optimizer)
-        parameters = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
-        grads = [p.grad for p in parameters]
-        total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)  # type: ignore[arg-type]
-        if isinstance(total, DTensor):
-            total = total.full_tensor()  # the shards' partial norms, reduced across ranks
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
-        return total
 
     # -- state ---------------------------------------------------------------------------------
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:

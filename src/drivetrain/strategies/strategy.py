@@ -22,6 +22,13 @@ from torch.optim import Optimizer
 from drivetrain._utilities.apply import move_to_device
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.precision.precision import Precision
+from drivetrain.strategies.step_policy import (
+    StepFunctions,
+    clip_grad_norm,
+    nonfinite_norm_is_error,
+    plain_backward,
+    plain_optimizer_step,
+)
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -256,28 +263,31 @@ class Strategy:
     ) -> Any:
         return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
-    @property
-    def backward_is_plain(self) -> bool:
-        """Whether :meth:`backward` amounts to exactly ``loss.backward()`` (no loss scaling, no engine).
+    def step_functions(self) -> StepFunctions:
+        """The backward and optimizer-step callables the front doors call on every training step.
 
-        Front doors then call ``loss.backward()`` directly, saving a few Python calls per step; any
-        override of :meth:`backward` or of the precision's backward hooks turns this off.
+        The one fast path of the per-step path, chosen here: when neither this strategy nor its
+        precision changes :meth:`backward` or :meth:`optimizer_step` (no loss scaling, no engine),
+        they amount to ``loss.backward()`` and ``optimizer.step()``, and those plain calls are
+        returned, which saves a few Python calls per step. Otherwise this strategy's own methods.
+        Front doors ask once per run, after the strategy is set up.
         """
         precision = type(self.precision)
-        return (
+        backward: Callable[..., None] = self.backward
+        optimizer_step: Callable[..., Any] = self.optimizer_step
+        if (
             type(self).backward is Strategy.backward
             and precision.pre_backward is Precision.pre_backward
             and precision.backward is Precision.backward
             and precision.post_backward is Precision.post_backward
-        )
-
-    @property
-    def optimizer_step_is_plain(self) -> bool:
-        """Whether :meth:`optimizer_step` amounts to exactly ``optimizer.step()`` (see :attr:`backward_is_plain`)."""
-        return (
+        ):
+            backward = plain_backward
+        if (
             type(self).optimizer_step is Strategy.optimizer_step
-            and type(self.precision).optimizer_step is Precision.optimizer_step
-        )
+            and precision.optimizer_step is Precision.optimizer_step
+        ):
+            optimizer_step = plain_optimizer_step
+        return StepFunctions(backward, optimizer_step)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
@@ -289,13 +299,24 @@ class Strategy:
         optimizer: Optimizer,
         max_norm: float,
         norm_type: float = 2.0,
-        error_if_nonfinite: bool = True,
+        error_if_nonfinite: bool | None = None,
     ) -> Tensor:
-        """Clip the gradients of ``optimizer``'s parameters to a total ``max_norm``; returns the norm."""
-        self.precision.unscale_gradients(optimizer)
-        parameters = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
-        return torch.nn.utils.clip_grad_norm_(
-            parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        """Clip the gradients of ``optimizer``'s parameters to a total ``max_norm``; returns the norm.
+
+        Gradients are unscaled first (fp16). ``error_if_nonfinite=None`` follows the precision: an
+        inf/NaN norm is left to a loss scaler that skips the step, and raises otherwise (see
+        :mod:`drivetrain.strategies.step_policy`).
+        """
+        precision = self.precision
+        precision.unscale_gradients(optimizer)
+        if error_if_nonfinite is None:
+            error_if_nonfinite = nonfinite_norm_is_error(precision)
+        return clip_grad_norm(
+            precision.main_params(optimizer),
+            max_norm,
+            norm_type,
+            error_if_nonfinite=error_if_nonfinite,
+            precision_name=precision.name,
         )
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:

@@ -152,6 +152,11 @@ class MixedPrecision(Precision):
         current = self.scaler._get_scale_async()
         return current is not None and bool(current < self._scale_before_step)
 
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """True for float16: the loss scaler skips a step whose gradients overflowed (and lowers the scale)."""
+        return self.scaler is not None
+
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the scale (before clipping); repeated calls are no-ops."""
         if self.scaler is None or id(optimizer) in self._unscaled:

@@ -79,6 +79,11 @@ class DeepSpeedPrecision(Precision):
         return apply_to_collection(data, Tensor, self._to_float32)
 
     @property
+    def skips_nonfinite_steps(self) -> bool:
+        """True for float16: DeepSpeed's loss scaler skips a step whose gradients overflowed."""
+        return self._dtype is torch.float16
+
+    @property
     def last_step_skipped(self) -> bool:
         """Whether DeepSpeed's fp16 loss scaler skipped the latest step (gradient overflow)."""
         if self._dtype is not torch.float16 or self.engine is None:

@@ -75,6 +75,15 @@ class Precision:
         """Whether the most recent :meth:`optimizer_step` skipped the update (inf/NaN gradients)."""
         return False
 
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """Whether :meth:`optimizer_step` skips a step whose gradients hold inf/NaN (a loss scaler does).
+
+        The step policy reads it: where it is True, an inf/NaN gradient norm met while clipping
+        is left to this skip; elsewhere it is an error, in both front doors.
+        """
+        return False
+
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Divide the gradients by the loss scale, if there is one (before clipping)."""
 

@@ -187,16 +187,17 @@ class FitLoop:
         hooks = trainer._hooks
         results = trainer._train_results
         metrics = trainer._metrics
-        step = trainer._optimization.step
+        optimization = trainer._optimization
+        step = optimization.step
         to_device = trainer._batch_to_device
         limit = self.num_batches
-        accumulate = settings.accumulate_grad_batches
         max_steps = settings.max_steps if settings.max_steps != -1 else math.inf
         log_every = settings.log_every_n_steps
         logging = bool(metrics.loggers) and metrics.is_global_zero
         val_check = self.val_check_batch
         timed = self._deadline is not None
         batch_idx = progress.batches_done
+        optimization.start_epoch(batch_idx)
         for batch in iterator:
             if batch_idx >= limit:
                 break
@@ -206,8 +207,8 @@ class FitLoop:
             results.batch = batch
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
                 break
-            last_in_window = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == limit
-            outputs = step(batch, batch_idx, last_in_window or self._last_flag)
+            # The data's last batch closes an accumulation window early (the step policy's rule).
+            outputs = step(batch, batch_idx, batch_idx + 1 == limit or self._last_flag)
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1

@@ -1,20 +1,21 @@
 """One training step: forward, backward, gradient clipping, optimizer step, accumulation.
 
 Everything that can be decided once (which hooks exist, whether the model is wrapped, whether
-the precision changes ``forward``, clipping, accumulation, schedulers stepping per step) is
-decided in :meth:`Optimization.setup`, so the per-step functions do only what this run needs.
+the precision changes ``forward``, the strategy's backward and step calls) is decided in
+:meth:`Optimization.setup`; accumulation, clipping and skipped steps follow the core's step
+policy, which the Accelerator front door follows too.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 from torch.optim import Optimizer
 
+from drivetrain.strategies.step_policy import GradientAccumulation, clip_gradients
 from drivetrain.trainer.optimizers import step_schedulers
 
 if TYPE_CHECKING:
@@ -92,13 +93,20 @@ def extract_loss(output: Any, where: str = "training_step") -> Tensor | None:
 
 
 class Optimization:
-    """The training step for one fit: automatic (the Trainer steps) or manual (the module steps)."""
+    """The training step for one fit: automatic (the Trainer steps) or manual (the module steps).
+
+    Automatic optimisation has one step path, :meth:`_automatic_step`. The core decides what
+    it calls: the step policy (:mod:`drivetrain.strategies.step_policy`) when an accumulation
+    window ends and how clipping treats an inf/NaN norm, and ``strategy.step_functions()`` the
+    backward and optimizer-step calls (plain torch calls when the strategy adds nothing: the one
+    fast path). Hooks nobody overrides are ``None`` and cost one attribute read.
+    """
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.step: Callable[[Any, int, bool], Any] = self._not_set_up
 
-    def _not_set_up(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
+    def _not_set_up(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
         raise AssertionError("Optimization.setup() was not called")
 
     def setup(self, optimizers: list[Optimizer], scheduler_configs: list[Any]) -> None:
@@ -106,18 +114,23 @@ class Optimization:
         settings = trainer._settings
         module, model, strategy = trainer._module, trainer._model, trainer.strategy
         self.module, self.model, self.strategy = module, model, strategy
+        self._models = (model,)
+        self.precision = strategy.precision
         self.hooks = trainer._hooks
+        self.progress = trainer._progress
         self.optimizers = optimizers
         self.scheduler_configs = scheduler_configs
         trainer._manual_optimizers = []
         self.step_schedulers = [c for c in scheduler_configs if c.interval == "step"]
-        self.accumulate = settings.accumulate_grad_batches
+        self.accumulation = GradientAccumulation(settings.accumulate_grad_batches)
         self.clip_value = settings.gradient_clip_val
         self.clip_algorithm = settings.gradient_clip_algorithm
+        self._backward, self._optimizer_call = strategy.step_functions()
         redirect = model is not module or strategy.requires_joint_setup
         training_step = module.training_step
         call = redirected_call(model, module, training_step) if redirect else training_step
         self.training_step = with_precision(call, strategy.precision)
+        accumulate = self.accumulation.num_steps
         if not module.automatic_optimization:
             if self.clip_value is not None:
                 raise ValueError(
@@ -125,9 +138,9 @@ class Optimization:
                     f"{type(module).__name__}.automatic_optimization is False. Clip in training_step with "
                     f"self.clip_gradients(optimizer, gradient_clip_val=...) instead."
                 )
-            if self.accumulate != 1:
+            if accumulate != 1:
                 raise ValueError(
-                    f"Trainer(accumulate_grad_batches={self.accumulate}) accumulates in automatic optimisation only, "
+                    f"Trainer(accumulate_grad_batches={accumulate}) accumulates in automatic optimisation only, "
                     f"but {type(module).__name__}.automatic_optimization is False. Step the optimizer every N "
                     f"batches in training_step instead."
                 )
@@ -141,166 +154,106 @@ class Optimization:
                 f"in training_step (self.optimizers(), self.manual_backward(loss))."
             )
         self.optimizer = optimizers[0]
-        if _needs_closure(self.optimizer):
-            if self.accumulate != 1:
-                raise ValueError(
-                    f"{type(self.optimizer).__name__} re-evaluates the loss through a closure, which cannot be combined "
-                    f"with accumulate_grad_batches={self.accumulate}. Use accumulate_grad_batches=1."
-                )
-            self.step = self._closure_step
-        elif self.accumulate != 1:
-            self.step = self._accumulating_step
-        elif self._lean():
-            self.step = (
-                self._plain_step
-                if strategy.backward_is_plain and strategy.optimizer_step_is_plain
-                else self._lean_step
+        self.closure_required = _needs_closure(self.optimizer)
+        if self.closure_required and accumulate != 1:
+            raise ValueError(
+                f"{type(self.optimizer).__name__} re-evaluates the loss through a closure, which cannot be combined "
+                f"with accumulate_grad_batches={accumulate}. Use accumulate_grad_batches=1."
             )
-        else:
-            self.step = self._automatic_step
-        self._backward = strategy.backward
-        self._strategy_step = strategy.optimizer_step
-        self.progress = trainer._progress
+        self.step = self._automatic_step
 
-    def _lean(self) -> bool:
-        """Whether a step needs nothing but forward, backward, optimizer step and zero_grad."""
-        hooks = self.hooks
-        return (
-            self.clip_value is None
-            and not self.step_schedulers
-            and hooks.on_before_backward is None
-            and hooks.on_after_backward is None
-            and hooks.on_before_optimizer_step is None
-            and hooks.on_before_zero_grad is None
-        )
+    def start_epoch(self, batches_done: int) -> None:
+        """Accumulation windows restart with each epoch (``batches_done`` > 0 when one is resumed)."""
+        self.accumulation.reset(batches_done)
 
     # -- automatic optimisation ------------------------------------------------------------
-    def _plain_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
-        # _lean_step for a strategy whose backward and optimizer step are the core's defaults, which
-        # amount to exactly these two calls (Strategy.backward_is_plain / optimizer_step_is_plain); skipping the layers saves ~8 calls a step.
+    def _automatic_step(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
+        """Forward and backward; at the end of an accumulation window also clip, step, zero_grad, schedulers."""
+        accumulation = self.accumulation
+        if accumulation.advance(end_of_data):
+            if self.closure_required:
+                return self._step_through_closure(batch, batch_idx)
+            output, loss = self._forward_backward(batch, batch_idx)
+            if loss is not None:  # None: the module skipped this batch
+                self._optimizer_step(None)
+            return output
+        # Inside a window: gradients stay local to this process until the window's last batch.
+        with accumulation.backward_context(self.strategy, self._models):
+            return self._forward_backward(batch, batch_idx)[0]
+
+    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, Tensor | None]:
         output = self.training_step(batch, batch_idx)
         loss = output if type(output) is Tensor else extract_loss(output)
         if loss is None:
-            return output
-        loss.backward()
-        optimizer = self.optimizer
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        self.progress.global_step += 1
-        return output
-
-    def _lean_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
-        # The common case kept to the calls the core contract requires (no hooks, clipping or schedulers).
-        output = self.training_step(batch, batch_idx)
-        loss = output if type(output) is Tensor else extract_loss(output)
-        if loss is None:
-            return output
-        model = self.model
-        self._backward(loss, model)
-        optimizer = self.optimizer
-        self._strategy_step(optimizer, None, model=model)
-        optimizer.zero_grad(set_to_none=True)
-        self.progress.global_step += 1
-        return output
-
-    def _automatic_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
-        # The hot path when every batch steps: no accumulation context, no loss division.
+            return output, None
+        loss = self.accumulation.scale_loss(loss)
         hooks = self.hooks
-        output = self.training_step(batch, batch_idx)
-        loss = output if type(output) is Tensor else extract_loss(output)
-        if loss is None:
-            return output  # the module skipped this batch
         if hooks.on_before_backward is not None:
             hooks.on_before_backward(loss)
-        self.strategy.backward(loss, self.model)
+        self._backward(loss, self.model)
         if hooks.on_after_backward is not None:
             hooks.on_after_backward()
-        self._optimizer_step(self.optimizer, None)
-        return output
+        return output, loss
 
-    def _accumulating_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
+    def _before_optimizer_step(self, optimizer: Optimizer) -> None:
         hooks = self.hooks
-        # Gradients are reduced across processes only on the batch that steps.
-        context = nullcontext() if last_in_window else self.strategy.no_backward_sync(self.model)
-        with context:
-            output = self.training_step(batch, batch_idx)
-            loss = output if type(output) is Tensor else extract_loss(output)
-            if loss is None:
-                return output
-            loss = loss / self.accumulate
-            if hooks.on_before_backward is not None:
-                hooks.on_before_backward(loss)
-            self.strategy.backward(loss, self.model)
-            if hooks.on_after_backward is not None:
-                hooks.on_after_backward()
-        if last_in_window:
-            self._optimizer_step(self.optimizer, None)
-        return output
-
-    def _closure_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
-        outputs: list[Any] = []
-        hooks = self.hooks
-
-        def closure() -> Tensor | None:
-            # Optimizers that re-evaluate (LBFGS) need fresh gradients on each evaluation.
-            self.optimizer.zero_grad(set_to_none=True)
-            output = self.training_step(batch, batch_idx)
-            outputs.append(output)
-            loss = extract_loss(output)
-            if loss is None:
-                return None
-            if hooks.on_before_backward is not None:
-                hooks.on_before_backward(loss)
-            self.strategy.backward(loss, self.model)
-            if hooks.on_after_backward is not None:
-                hooks.on_after_backward()
-            return loss.detach()
-
-        self._optimizer_step(self.optimizer, closure)
-        return outputs[-1] if outputs else None
-
-    def _optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None) -> Any:
-        hooks = self.hooks
-        if hooks.on_before_optimizer_step is not None and closure is None:
+        if hooks.on_before_optimizer_step is not None:
             hooks.on_before_optimizer_step(optimizer)
-        if self.clip_value is not None and closure is None:
-            self.clip(optimizer, self.clip_value, self.clip_algorithm)
-        result = self.strategy.optimizer_step(optimizer, closure, model=self.model)
+        if self.clip_value is not None:
+            clip_gradients(self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm)
+
+    def _optimizer_step(self, closure: Callable[[], Any] | None) -> Any:
+        optimizer = self.optimizer
+        if closure is None:  # a closure runs these itself, after each of its backward passes
+            self._before_optimizer_step(optimizer)
+        result = self._optimizer_call(optimizer, closure, self.model)
+        hooks = self.hooks
         if hooks.on_before_zero_grad is not None:
             hooks.on_before_zero_grad(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        progress = self.trainer._progress
+        optimizer.zero_grad()  # set_to_none=True, torch's default (passing it is measurably slower)
+        progress = self.progress
         progress.global_step += 1
-        if self.step_schedulers:
+        # A step the loss scaler skipped (inf/NaN gradients) does not advance per-step schedules.
+        if self.step_schedulers and not self.precision.last_step_skipped:
             step_schedulers(self.step_schedulers, "step", progress.global_step, self.trainer.callback_metrics)
         return result
 
+    def _step_through_closure(self, batch: Any, batch_idx: int) -> Any:
+        """Optimizers that re-evaluate the loss (LBFGS) run forward, backward, the pre-step hook and
+        clipping inside ``step``, as often as they call the closure."""
+        optimizer = self.optimizer
+        outputs: list[Any] = []
+
+        def closure() -> Tensor | None:
+            optimizer.zero_grad()  # each evaluation needs fresh gradients
+            output, loss = self._forward_backward(batch, batch_idx)
+            outputs.append(output)
+            if loss is None:
+                return None
+            self._before_optimizer_step(optimizer)
+            return loss.detach()
+
+        self._optimizer_step(closure)
+        return outputs[-1] if outputs else None
+
     # -- clipping ----------------------------------------------------------------------------
     def clip(self, optimizer: Any, value: float | None, algorithm: str = "norm") -> Tensor | None:
-        """Clip ``optimizer``'s gradients through the strategy (unscaled first under fp16)."""
+        """Clip ``optimizer``'s gradients through the core step policy (unscaled first under fp16)."""
         if value is None:
             return None
-        optimizer = (
-            getattr(optimizer, "optimizer", optimizer)
-            if isinstance(optimizer, ManualOptimizer)
-            else optimizer
-        )
-        if algorithm == "norm":
-            return self.strategy.clip_gradients_norm(self.model, optimizer, value)
-        if algorithm == "value":
-            self.strategy.clip_gradients_value(self.model, optimizer, value)
-            return None
-        raise ValueError(f"gradient_clip_algorithm={algorithm!r}; use 'norm' or 'value'.")
+        if isinstance(optimizer, ManualOptimizer):
+            optimizer = optimizer.optimizer
+        return clip_gradients(self.strategy, self.model, optimizer, value, algorithm)
 
     # -- manual optimisation -----------------------------------------------------------------
-    def _manual_step(self, batch: Any, batch_idx: int, last_in_window: bool) -> Any:
+    def _manual_step(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
         return self.training_step(batch, batch_idx)
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         hooks = self.hooks
         if hooks.on_before_backward is not None:
             hooks.on_before_backward(loss)
-        self.strategy.backward(loss, self.model, *args, **kwargs)
+        self._backward(loss, self.model, *args, **kwargs)
         if hooks.on_after_backward is not None:
             hooks.on_after_backward()
 
@@ -310,8 +263,8 @@ class Optimization:
         hooks = self.hooks
         if hooks.on_before_optimizer_step is not None:
             hooks.on_before_optimizer_step(optimizer)
-        result = self.strategy.optimizer_step(optimizer, closure, model=self.model, **kwargs)
-        self.trainer._progress.global_step += 1
+        result = self._optimizer_call(optimizer, closure, self.model, **kwargs)
+        self.progress.global_step += 1
         return result
 
 
