@@ -1,7 +1,8 @@
 """``Accelerator.prepare`` and friends: what each kind of object becomes for this run.
 
 A mixin of :class:`drivetrain.Accelerator`. Modules are converted to the precision, placed and
-wrapped by the strategy; optimizers and schedulers get the wrappers of
+wrapped by the strategy in the core's one order (:func:`drivetrain.strategies.model_setup.setup_model`,
+which the Trainer follows too); optimizers and schedulers get the wrappers of
 :mod:`drivetrain.facade.wrappers`; data loaders become
 :class:`~drivetrain.data.PreparedDataLoader`. Every object is prepared at most once.
 """
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader
 from drivetrain.data import PreparedDataLoader, prepare_data_loader, uses_distributed_sampler
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+from drivetrain.strategies.model_setup import setup_model
 from drivetrain.utils.configuration import DataLoaderConfiguration
 
 
@@ -98,20 +100,21 @@ class Preparation(ProcessControl):
                 f"{type(self.strategy).__name__} sets up a model together with its optimizers: pass them in one "
                 f"call, accelerator.prepare(model, optimizer, ...)."
             )
-        module = self._convert(model, self.device_placement if device_placement is None else device_placement)
-        wrapped = module if evaluation_mode else self.strategy.setup_module(module)
+        self._wrap_forward(model)
+        wrapped, _ = setup_model(
+            self.strategy,
+            model,
+            move_to_device=self.device_placement if device_placement is None else device_placement,
+            wrap=not evaluation_mode,
+        )
         self._register_model(model, wrapped)
         return wrapped
 
-    def _convert(self, model: nn.Module, place: bool, move: bool = True) -> nn.Module:
-        strategy = self.strategy
-        precision = strategy.precision
-        module = precision.convert_module(model)
-        if place and move:
-            strategy.module_to_device(module)
-        if precision.changes_forward and not isinstance(module.__dict__.get("forward"), PrecisionForward):
-            module.forward = PrecisionForward(module.forward, precision)
-        return module
+    def _wrap_forward(self, model: nn.Module) -> None:
+        """Run ``model.forward`` in the precision's forward context (autocast), outputs in float32."""
+        precision = self.strategy.precision
+        if precision.changes_forward and not isinstance(model.__dict__.get("forward"), PrecisionForward):
+            model.forward = PrecisionForward(model.forward, precision)
 
     def _register_model(self, original: nn.Module, wrapped: nn.Module) -> None:
         self._models.append(wrapped)
@@ -177,8 +180,10 @@ class Preparation(ProcessControl):
                 if {id(p) for g in result[j].param_groups for p in g["params"]} <= params
             ]
             claimed.update(mine)
-            module = self._convert(model, placements[i] is not False, move=False)
-            wrapped, raws = self.strategy.setup_module_and_optimizers(module, [result[j] for j in mine])
+            self._wrap_forward(model)
+            wrapped, raws = setup_model(
+                self.strategy, model, [result[j] for j in mine], move_to_device=placements[i] is not False
+            )
             self._register_model(model, wrapped)
             for j, raw in zip(mine, raws):
                 result[j] = self._register_optimizer(result[j], raw, wrapped)

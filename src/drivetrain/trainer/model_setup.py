@@ -1,9 +1,11 @@
-"""Putting the module on the strategy: deferred layers, precision, device, optimizers, wrapping.
+"""Putting the module on the strategy: the Trainer's part around the core's one set-up order.
 
-The order is the core's contract (docs/core-api.md): build ``configure_model()`` layers inside
-``strategy.module_init_context``; cast for the precision; move to the device; build the
-optimizers on the *unwrapped* module; then one ``strategy.setup_module_and_optimizers`` call,
-which wraps (DDP) or shards (FSDP, DeepSpeed) and re-points the optimizers.
+The order itself (shared-memory copies, precision, device, optimizers on the *unwrapped* module,
+one ``strategy.setup_module_and_optimizers`` call) is
+:func:`drivetrain.strategies.model_setup.setup_model`, which the Accelerator calls too. The
+Trainer adds what is its own: ``configure_model()`` layers built inside
+``strategy.module_init_context`` first, optimizers from ``configure_optimizers()``, and schedulers
+re-pointed at optimizers the strategy replaced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
+from torch.optim import Optimizer
 
+from drivetrain.strategies.model_setup import setup_model as setup_on_strategy
 from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.optimizers import LRSchedulerConfig, parse_configure_optimizers
 
@@ -27,20 +31,10 @@ def setup_model(
 
     strategy = trainer.strategy
     module = trainer._module
-    unshare(module)
     if overrides(module, TrainingModule, "configure_model"):
         # Weights about to be overwritten by a checkpoint need no initialisation.
         with strategy.module_init_context(empty_init=True if restoring else None):
             module.configure_model()
-    converted = strategy.precision.convert_module(module)
-    if converted is not module:
-        raise TypeError(
-            f"{type(strategy.precision).__name__}.convert_module returned a new module; the Trainer needs the "
-            f"module converted in place."
-        )
-    strategy.module_to_device(module)
-    optimizers: list[Any] = []
-    schedulers: list[LRSchedulerConfig] = []
     if with_optimizers:
         if not overrides(module, TrainingModule, "configure_optimizers"):
             raise ValueError(
@@ -52,24 +46,22 @@ def setup_model(
                 f"{type(module).__name__} does not define training_step(self, batch, batch_idx), which fit() runs. "
                 f"Define it to return the loss."
             )
-        optimizers, schedulers = parse_configure_optimizers(
+    built: list[Optimizer] = []
+    schedulers: list[LRSchedulerConfig] = []
+
+    def configure_optimizers() -> list[Optimizer]:
+        # The core calls this once the module is converted and placed, before wrapping it.
+        optimizers, configs = parse_configure_optimizers(
             module.configure_optimizers(), f"{type(module).__name__}.configure_optimizers()"
         )
-    model, set_up = strategy.setup_module_and_optimizers(module, list(optimizers))
-    for before, after in zip(optimizers, set_up):
+        built.extend(optimizers)
+        schedulers.extend(configs)
+        return built
+
+    model, set_up = setup_on_strategy(strategy, module, configure_optimizers if with_optimizers else ())
+    for before, after in zip(built, set_up):
         if after is not before:
             for config in schedulers:
                 if config.scheduler.optimizer is before:
                     config.scheduler.optimizer = after
-    return model, list(set_up), schedulers
-
-
-def unshare(module: nn.Module) -> None:
-    """Give this process its own copy of tensors that arrived in shared memory.
-
-    torch.multiprocessing's spawn hands CPU tensors to the new processes through shared memory,
-    so without this every rank (and the parent) would update one and the same set of weights.
-    """
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.device.type == "cpu" and tensor.is_shared():
-            tensor.data = tensor.data.clone()
+    return model, set_up, schedulers
