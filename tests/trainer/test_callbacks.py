@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,13 @@ def test_throughput_monitor_reports_rates_and_mfu() -> None:
     assert rates["throughput/device/mfu"] == pytest.approx(rates["throughput/device/flops_per_sec"] / 1e9)
 
 
-def test_model_summary_prints_layers_and_totals(capfd: pytest.CaptureFixture[str]) -> None:
+def test_model_summary_logs_layers_and_totals(caplog: pytest.LogCaptureFixture) -> None:
     trainer = quiet_trainer(max_steps=1, enable_model_summary=True, callbacks=[ModelSummary(max_depth=2)])
-    trainer.fit(Regression(), loader())
-    out = capfd.readouterr().out
+    with caplog.at_level(logging.INFO, logger="drivetrain"):
+        trainer.fit(Regression(), loader())
+    (out,) = [
+        r.getMessage() for r in caplog.records if r.name == "drivetrain.trainer.callbacks.model_summary"
+    ]
     assert "net.0  Linear" in out and "net.3  Linear" in out
     assert "49  trainable params" in out and "49  total params" in out
 

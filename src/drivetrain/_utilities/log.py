@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from typing import Any
 
 from drivetrain._utilities import console
@@ -36,6 +37,10 @@ def all_ranks_requested() -> bool:
 
 
 def _world_size() -> int:
+    # The launching process (rank 0 of a re-run script) has a process group but no WORLD_SIZE variable.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
     value = os.environ.get("WORLD_SIZE", "")
     return int(value) if value.strip().isdigit() else 1
 

@@ -48,5 +48,8 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
 
 
 def rank_zero_print(*args: Any, **kwargs: Any) -> None:
+    """``print`` (same arguments) on global rank 0, above any progress bar."""
     if global_rank() == 0:
-        print(*args, **kwargs)
+        from drivetrain._utilities import console
+
+        console.print_line(*args, **kwargs)

@@ -5,7 +5,6 @@ A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.
 
 from __future__ import annotations
 
-import builtins
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from drivetrain._utilities import console
 from drivetrain.facade.state import GradientState
 from drivetrain.strategies.strategy import Strategy
 from drivetrain.utils import collectives
@@ -73,9 +73,9 @@ class ProcessControl:
 
     # -- output and synchronisation --------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only (once per node)."""
+        """``print`` (same arguments) on the local main process only (once per node), above any progress bar."""
         if self.is_local_main_process:
-            builtins.print(*args, **kwargs)
+            console.print_line(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""

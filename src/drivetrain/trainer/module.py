@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities import console
 from drivetrain.trainer.hparams import AttributeDict, collect_hyperparameters, load_module_from_checkpoint
 
 if TYPE_CHECKING:
@@ -283,10 +284,10 @@ class TrainingModule(nn.Module):
             )
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` from global rank 0 only."""
+        """``print`` (same arguments) from global rank 0 only, written above the progress bar, not through it."""
         trainer = self.__dict__.get("_trainer")
         if trainer is None or trainer.is_global_zero:
-            print(*args, **kwargs)
+            console.print_line(*args, **kwargs)
 
     # -- optimisation helpers --------------------------------------------------------------------
     def optimizers(self) -> Any:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
 
 #: Seconds the interrupted main thread gets to unwind before the process is ended forcibly.
+_log = get_logger(__name__)  # launcher messages report failures: every rank that has one says so
+
 INTERRUPT_GRACE_SECONDS = 10.0
 #: Seconds children get, after this process finished, before they are stopped.
 CHILD_EXIT_TIMEOUT_SECONDS = 120.0
@@ -159,7 +162,7 @@ class SubprocessScriptLauncher(Launcher):
             self._failure = ProcessFailedError(
                 _describe_exit(rank, process.pid, code), rank=rank, exit_code=code
             )
-        print(f"[drivetrain] {self._failure}; stopping the other ranks.", file=sys.stderr, flush=True)
+        _log.error(f"[drivetrain] {self._failure}; stopping the other ranks.", main_process_only=False)
         self.stop_children()
         # At exit, _at_exit reports the failure itself; while unwinding, launch() reports it.
         if not self._exiting and not self._unwinding:
@@ -177,11 +180,10 @@ class SubprocessScriptLauncher(Launcher):
             if self._handled:
                 return
             time.sleep(0.05)
-        print(
+        _log.error(
             f"[drivetrain] rank {self._strategy.global_rank} did not stop within {INTERRUPT_GRACE_SECONDS:.0f} s "
             f"after {self._failure}; exiting.",
-            file=sys.stderr,
-            flush=True,
+            main_process_only=False,
         )
         os._exit(1)
 
@@ -218,18 +220,17 @@ class SubprocessScriptLauncher(Launcher):
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(
+                _log.error(
                     f"[drivetrain] rank {rank} (pid {process.pid}) was still running "
                     f"{CHILD_EXIT_TIMEOUT_SECONDS:.0f} s after rank 0 finished; stopping it.",
-                    file=sys.stderr,
-                    flush=True,
+                    main_process_only=False,
                 )
                 self.stop_children()
                 os._exit(1)
         failed = [(rank, p.returncode) for rank, p in self._children if p.returncode not in (0, None)]
         if failed and not self._stopping:
             for rank, code in failed:
-                print(f"[drivetrain] {_describe_exit(rank, None, code)}.", file=sys.stderr, flush=True)
+                _log.error(f"[drivetrain] {_describe_exit(rank, None, code)}.", main_process_only=False)
         if failed or self._failure is not None:
             sys.stderr.flush()
             os._exit(1)

@@ -13,7 +13,10 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
+
+_log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -27,7 +30,8 @@ class EarlyStopping(Callback):
         monitor: the logged metric to watch.
         min_delta: the smallest change that counts as an improvement.
         patience: checks without improvement before stopping.
-        verbose: print on rank 0 when the metric improves or training stops.
+        verbose: report when the metric improves or training stops (an INFO message of the
+            ``drivetrain`` logger, from rank 0).
         mode: ``"min"`` or ``"max"``.
         strict: a missing metric is an error (else a warning, and the check is skipped).
         check_finite: stop when the metric becomes NaN or infinite.
@@ -129,8 +133,8 @@ class EarlyStopping(Callback):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason = reason
-        if self.verbose and reason and trainer.is_global_zero:
-            print(reason)
+        if self.verbose and reason:
+            _log.info(reason)
 
     def _decide(self, current: float) -> tuple[bool, str]:
         name = self.monitor

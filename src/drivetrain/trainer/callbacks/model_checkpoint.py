@@ -19,7 +19,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
+
+_log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -212,8 +215,8 @@ class ModelCheckpoint(Callback):
         self.kth_best_model_path = pick_worst(self.best_k_models, key=self.best_k_models.__getitem__)
         best = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_path, self.best_model_score = best, self.best_k_models[best]
-        if self.verbose and trainer.is_global_zero:
-            print(
+        if self.verbose:
+            _log.info(
                 f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor}={current:.6g}, saved {filepath}"
             )
 
@@ -228,8 +231,8 @@ class ModelCheckpoint(Callback):
                     trainer.strategy.remove_checkpoint(old)
             self._recent = self._recent[-self.save_top_k :]
         self.best_model_path = filepath
-        if self.verbose and trainer.is_global_zero:
-            print(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {filepath}")
+        if self.verbose:
+            _log.info(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {filepath}")
 
     def _write(self, trainer: Trainer, filepath: str) -> None:
         trainer.save_checkpoint(filepath, weights_only=self.save_weights_only)

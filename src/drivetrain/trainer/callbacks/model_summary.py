@@ -1,15 +1,16 @@
-"""``ModelSummary``: print the module's layers and parameter counts when fitting starts (rank 0)."""
+"""``ModelSummary``: the module's layers and parameter counts when fitting starts (an INFO message, rank 0)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 from drivetrain.trainer.summary_table import format_table
+
+_log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -61,7 +62,7 @@ def summarize(module: nn.Module, max_depth: int = 1) -> str:
 
 
 class ModelSummary(Callback):
-    """Print a summary of the module at the start of fit.
+    """Log a summary of the module at the start of fit (silence it with the ``drivetrain`` logger's level).
 
     Args:
         max_depth: how deep into nested submodules the table goes (0: totals only).
@@ -76,5 +77,4 @@ class ModelSummary(Callback):
         if not trainer.is_global_zero:
             return
         depth = 10**6 if self.max_depth == -1 else self.max_depth
-        sys.stdout.flush()
-        os.write(1, (summarize(pl_module, depth) + "\n").encode())
+        _log.info(summarize(pl_module, depth))

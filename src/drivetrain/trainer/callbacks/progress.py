@@ -1,6 +1,7 @@
 """Progress bars: the base class, and one built on ``tqdm`` (imported when the first bar opens).
 
-Bars are drawn on global rank 0 only. To keep the per-step cost near zero the bar counts
+Bars are drawn on global rank 0 only. Messages written while a bar is on screen (drivetrain's
+log messages, ``TrainingModule.print``) go above it through tqdm, so the bar line stays whole. To keep the per-step cost near zero the bar counts
 batches and redraws at most every ``refresh_interval`` seconds; only then are the ``prog_bar``
 metrics read (the one moment their values leave the device).
 """
@@ -12,6 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities import console
 from drivetrain.trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:
@@ -37,6 +39,10 @@ class ProgressBar(Callback):
     def get_metrics(self, trainer: Trainer, pl_module: TrainingModule) -> dict[str, float | str]:
         """What the bar shows next to the counts: the ``prog_bar=True`` metrics."""
         return dict(trainer.progress_bar_metrics)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` (same arguments) above the bars, leaving them intact (``TrainingModule.print`` does this)."""
+        console.print_line(*args, **kwargs)
 
 
 class _Bar:
