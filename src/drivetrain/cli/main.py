@@ -1,4 +1,4 @@
-"""The ``drivetrain`` command: ``drivetrain launch …``, ``drivetrain env``, ``drivetrain consolidate`` and ``--version``."""
+"""The ``drivetrain`` command: ``drivetrain launch …``, ``env``, ``consolidate``, ``plot`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     from drivetrain.cli.consolidate import add_consolidate_command
     from drivetrain.cli.env import add_env_command
     from drivetrain.cli.launch import add_launch_command
+    from drivetrain.cli.plot import add_plot_command
 
     add_launch_command(commands)
     add_env_command(commands)
     add_consolidate_command(commands)
+    add_plot_command(commands)
     return parser
 
 

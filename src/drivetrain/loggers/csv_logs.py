@@ -112,6 +112,19 @@ class CSVLogger(FolderLogger):
     def finalize(self, status: str) -> None:
         self.save()
 
+    def plot(self, output: str | Path | None = None) -> str | None:
+        """Write a PNG of the logged curves (default ``log_dir/metrics.png``; needs ``drivetrain[plot]``).
+
+        One axis per metric group (``train_loss``, ``val_loss`` … share ``loss``), by step, with the
+        epochs along the top. Returns the PNG's path; ``None`` on ranks other than 0, which log nothing.
+        """
+        if not self._writes_here():
+            return None
+        self.save()
+        from drivetrain.loggers.plot import plot_run
+
+        return plot_run(self.log_dir, output).path
+
 
 LoggerRegistry.register(
     "csv", CSVLogger, description="metrics.csv and hparams.yaml under save_dir/name/version_N"
