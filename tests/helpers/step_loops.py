@@ -72,6 +72,7 @@ class Outcome:
     weights: dict[str, torch.Tensor]
     lr: float
     steps_taken: int  # optimizer steps the loss scaler did not skip
+    grads: list[torch.Tensor]  # the first layer's weight gradient after each backward pass
 
 
 # -- drivetrain.Trainer ---------------------------------------------------------------------------
@@ -81,10 +82,14 @@ class LoopModule(dt.TrainingModule):
         self.loop = loop
         self.net = net()
         self.taken = 0
+        self.grads: list[torch.Tensor] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         return self.loop.loss(self.net(x), y, self.current_epoch, batch_idx)
+
+    def on_after_backward(self) -> None:
+        self.grads.append(self.net[0].weight.grad.clone())
 
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         self.taken += not self.trainer.strategy.precision.last_step_skipped
@@ -112,24 +117,29 @@ def run_trainer(loop: Loop, batch_size: int | None = None, **trainer_kwargs: Any
     )
     trainer.fit(module, loop.loader(batch_size))
     lr = trainer.optimizers[0].param_groups[0]["lr"]
-    return Outcome(weights(module.net), lr, module.taken)
+    return Outcome(weights(module.net), lr, module.taken, module.grads)
 
 
 # -- drivetrain.Accelerator -------------------------------------------------------------------------
-def run_accelerator(loop: Loop, batch_size: int | None = None) -> Outcome:
-    """``batch_size``: per process (default ``loop.batch_size``)."""
+def run_accelerator(loop: Loop, split_batches: bool = False) -> Outcome:
+    """``split_batches``: the loader's batches are global, each process takes its share of each."""
     mixed = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16"}[loop.precision]
-    accelerator = dt.Accelerator(cpu=True, mixed_precision=mixed, gradient_accumulation_steps=loop.accumulate)
+    accelerator = dt.Accelerator(
+        cpu=True,
+        mixed_precision=mixed,
+        gradient_accumulation_steps=loop.accumulate,
+        split_batches=split_batches,
+    )
     model = net()
     optimizer, schedule = optimizer_and_schedule(model)
-    model, optimizer, loader, schedule = accelerator.prepare(
-        model, optimizer, loop.loader(batch_size), schedule
-    )
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loop.loader(), schedule)
     taken = 0
+    grads = []
     for epoch in range(EPOCHS):
         for batch_idx, (x, y) in enumerate(loader):
             with accelerator.accumulate(model):
                 accelerator.backward(loop.loss(model(x), y, epoch, batch_idx))
+                grads.append(accelerator.unwrap_model(model)[0].weight.grad.clone())
                 if accelerator.sync_gradients and loop.clip is not None:
                     accelerator.clip_grad_norm_(model.parameters(), loop.clip)
                 optimizer.step()
@@ -137,7 +147,7 @@ def run_accelerator(loop: Loop, batch_size: int | None = None) -> Outcome:
                 if accelerator.sync_gradients:
                     taken += not accelerator.optimizer_step_was_skipped
                 optimizer.zero_grad()
-    return Outcome(weights(accelerator.unwrap_model(model)), schedule.get_last_lr()[0], taken)
+    return Outcome(weights(accelerator.unwrap_model(model)), schedule.get_last_lr()[0], taken, grads)
 
 
 # -- plain torch ----------------------------------------------------------------------------------
@@ -149,12 +159,14 @@ def run_by_hand(loop: Loop) -> Outcome:
     scaler = torch.amp.GradScaler("cpu") if fp16 else None
     batches = len(loop.loader())
     taken = 0
+    grads = []
     for epoch in range(EPOCHS):
         for batch_idx, (x, y) in enumerate(loop.loader()):
             with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
                 output = model(x)
             loss = loop.loss(output.float(), y, epoch, batch_idx) / loop.accumulate
             (scaler.scale(loss) if scaler is not None else loss).backward()
+            grads.append(model[0].weight.grad.clone())
             if (batch_idx + 1) % loop.accumulate and batch_idx + 1 != batches:
                 continue
             if scaler is not None:
@@ -173,4 +185,4 @@ def run_by_hand(loop: Loop) -> Outcome:
                 schedule.step()
                 taken += 1
             optimizer.zero_grad()
-    return Outcome(weights(model), schedule.get_last_lr()[0], taken)
+    return Outcome(weights(model), schedule.get_last_lr()[0], taken, grads)

@@ -234,6 +234,8 @@ def test_both_doors_end_with_the_weights_of_the_hand_written_loop(loop: Loop) ->
     for outcome in (run_trainer(loop), run_accelerator(loop)):
         _assert_same(outcome.weights, expected.weights)
         assert outcome.lr == expected.lr
+        assert len(outcome.grads) == len(expected.grads) == 2 * 7
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(outcome.grads, expected.grads))
 
 
 def test_an_lbfgs_closure_is_clipped_like_by_hand() -> None:
