@@ -7,7 +7,6 @@ column and one column per metric; new metrics widen the table) and ``hparams.yam
 from __future__ import annotations
 
 import csv
-import os
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +64,7 @@ class CSVLogger(FolderLogger):
 
     @property
     def metrics_file_path(self) -> str:
-        return os.path.join(self.log_dir, METRICS_FILE)
+        return self.file_path(METRICS_FILE)
 
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         """Merge ``params`` into ``hparams.yaml`` (written at once)."""
@@ -73,8 +72,7 @@ class CSVLogger(FolderLogger):
         if not self._writes_here():
             return
         self._hparams.update(plain_value(params))
-        os.makedirs(self.log_dir, exist_ok=True)
-        write_hparams_file(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
+        self.write_hparams(self._hparams, HPARAMS_FILE)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Buffer a row of ``metrics`` at ``step``; rows are written every ``flush_logs_every_n_steps`` calls."""
@@ -91,23 +89,27 @@ class CSVLogger(FolderLogger):
         """Write the buffered rows to ``metrics.csv``."""
         if not self._rows or not self._writes_here():
             return
-        os.makedirs(self.log_dir, exist_ok=True)
+        self.make_log_dir()
         new_columns = [k for row in self._rows for k in row if k not in self._columns]
-        path = self.metrics_file_path
-        if new_columns or not os.path.exists(path):
+        exists = self.file_exists(METRICS_FILE)
+        if new_columns or not exists:
             # The header must name every column, so a wider table means rewriting the file.
-            previous = _read_rows(path) if self._columns and os.path.exists(path) else []
+            previous = self._read_rows() if self._columns and exists else []
             self._columns = _ordered_columns(self._columns, new_columns)
-            with open(path, "w", newline="") as file:
+            with self.open_file(METRICS_FILE, "w") as file:
                 writer = csv.DictWriter(file, fieldnames=self._columns)
                 writer.writeheader()
                 writer.writerows(previous)
                 writer.writerows(self._rows)
         else:
-            with open(path, "a", newline="") as file:
+            with self.open_file(METRICS_FILE, "a") as file:
                 csv.DictWriter(file, fieldnames=self._columns).writerows(self._rows)
         self._written_rows += len(self._rows)
         self._rows = []
+
+    def _read_rows(self) -> list[dict[str, str]]:
+        with self.open_file(METRICS_FILE) as file:
+            return list(csv.DictReader(file))
 
     def finalize(self, status: str) -> None:
         self.save()
@@ -135,19 +137,3 @@ def _ordered_columns(existing: list[str], new: list[str]) -> list[str]:
     seen = dict.fromkeys(existing + new)
     seen.pop("step", None)
     return ["step", *sorted(seen)]
-
-
-def _read_rows(path: str) -> list[dict[str, str]]:
-    with open(path, newline="") as file:
-        return list(csv.DictReader(file))
-
-
-def write_hparams_file(path: str, params: Mapping[str, Any]) -> None:
-    """Write ``params`` as YAML (atomically: readers see the old file or the new one)."""
-    import yaml
-
-    text = yaml.safe_dump(dict(params), sort_keys=False)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as file:
-        file.write(text)
-    os.replace(tmp, path)

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import IO, Any, ClassVar, TypeVar
 
 import torch
 
@@ -214,6 +214,38 @@ class FolderLogger(Logger):
     @property
     def log_dir(self) -> str:
         return run_directory(self._save_dir, self._name, self.version)
+
+    # -- files in the run folder: every file a folder logger touches goes through these, so that
+    # -- another storage (fsspec, for remote paths) means changing this class alone.
+    def file_path(self, name: str) -> str:
+        """The path of the file ``name`` in :attr:`log_dir`."""
+        return os.path.join(self.log_dir, name)
+
+    def make_log_dir(self) -> None:
+        """Create :attr:`log_dir` (and its parents) if missing."""
+        os.makedirs(self.log_dir, exist_ok=True)
+
+    def file_exists(self, name: str) -> bool:
+        return os.path.exists(self.file_path(name))
+
+    def open_file(self, name: str, mode: str = "r") -> IO[Any]:
+        """Open ``name`` in :attr:`log_dir` (text modes with ``newline=""``, as the csv module wants)."""
+        return open(self.file_path(name), mode, newline="" if "b" not in mode else None)
+
+    def write_file_atomically(self, name: str, text: str) -> None:
+        """Replace ``name`` with ``text`` in one step: readers see the old content or the new, never half."""
+        self.make_log_dir()
+        path = self.file_path(name)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as file:
+            file.write(text)
+        os.replace(tmp, path)
+
+    def write_hparams(self, params: Mapping[str, Any], name: str = "hparams.yaml") -> None:
+        """Write ``params`` as YAML to ``name`` in :attr:`log_dir`."""
+        import yaml
+
+        self.write_file_atomically(name, yaml.safe_dump(dict(params), sort_keys=False))
 
 
 def next_version(root: str | Path) -> int:

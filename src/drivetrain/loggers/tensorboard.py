@@ -7,13 +7,12 @@ imported when the first event is written.
 
 from __future__ import annotations
 
-import os
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drivetrain.loggers.csv_logs import HPARAMS_FILE, write_hparams_file
+from drivetrain.loggers.csv_logs import HPARAMS_FILE
 from drivetrain.loggers.logger import (
     DEFAULT_EXPERIMENT,
     FolderLogger,
@@ -64,7 +63,7 @@ class TensorBoardLogger(FolderLogger):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            os.makedirs(self.log_dir, exist_ok=True)
+            self.make_log_dir()
             self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._writer
 
@@ -85,7 +84,7 @@ class TensorBoardLogger(FolderLogger):
             return
         self._hparams.update(plain_value(params))
         writer = self.experiment
-        write_hparams_file(os.path.join(self.log_dir, HPARAMS_FILE), self._hparams)
+        self.write_hparams(self._hparams, HPARAMS_FILE)
         from torch.utils.tensorboard.summary import hparams
 
         flat = {
