@@ -36,10 +36,10 @@ def test_launch_names_the_failed_rank_and_exits_non_zero() -> None:
     )
     assert result.returncode == 1
     summary = next(line for line in result.stderr.splitlines() if line.startswith("drivetrain launch:"))
-    assert "scripts_register_and_run.py failed on " in summary
-    # torchrun stamps failures to the second, so which rank it saw fail first can race; the rank that
-    # failed is named either way (with its exit code, or as stopped while it was exiting).
-    assert "rank 1 (exit code 3)" in summary or "rank 1 stopped by a signal" in summary
+    # Rank 0 fails too (it loses rank 1 in a barrier), and torchrun stamps failures to the second:
+    # whichever torchrun saw first, rank 1 is named as the cause (usually with its exit code; stopped
+    # by the launcher if torchrun's signal caught it while it was exiting).
+    assert "scripts_register_and_run.py failed: rank 1 (pid " in summary, summary
 
 
 def test_launch_cannot_count_devices_of_an_accelerator_it_does_not_know(

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
 from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE
 from drivetrain.strategies.launchers.process_env import threads_per_process
+from drivetrain.strategies.rank_failures import FailureRecord, drivetrain_error_data, root_cause
 
 
 def add_launch_command(commands: Any) -> None:
@@ -147,19 +149,66 @@ def run_launch(args: argparse.Namespace) -> int:
     try:
         run(parse_args(torchrun_arguments(args, nproc_per_node)))
     except ChildFailedError as error:
-        print(f"drivetrain launch: {args.script} {describe_failures(error.failures)}.", file=sys.stderr)
+        print(
+            f"drivetrain launch: {args.script} {describe_failures(error.failures)}.",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 
 
 def describe_failures(failures: dict[int, Any]) -> str:
-    """Which ranks failed (earliest first) and which the launcher stopped because of them."""
+    """The rank whose failure ended the job (how it ended, and its error), then what became of the others.
+
+    ``failures`` are torchrun's ``ProcessFailure`` by global rank. torchrun stamps them to the
+    second, too coarse to order ranks that fail together; the error files drivetrain's ranks
+    write say which failure came first and which ranks only lost a peer.
+    """
     ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
-    failed = [
-        f"rank {rank} (exit code {failure.exitcode})" for rank, failure in ordered if failure.exitcode >= 0
+    records = _records(failures)
+    cause = root_cause(records, [(rank, failure.exitcode) for rank, failure in ordered])
+    if cause is None:
+        return "was stopped"
+    rank, record = cause
+    text = f"failed: {_ending(rank, failures[rank])}" + (f" after {record.summary}" if record else "")
+    others = [
+        f"rank {r} was stopped by the launcher" if f.exitcode == -signal.SIGTERM else _ending(r, f)
+        for r, f in ordered
+        if r != rank
     ]
-    stopped = [str(rank) for rank, failure in ordered if failure.exitcode < 0]
-    text = f"failed on {', '.join(failed)}" if failed else "was stopped"
-    if stopped:
-        text += f"; rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} stopped by a signal"
-    return text
+    return text + (f" ({'; '.join(others)})" if others else "")
+
+
+def _ending(rank: int, failure: Any) -> str:
+    code = failure.exitcode
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    return f"rank {rank} (pid {failure.pid}) {how}"
+
+
+def _records(failures: dict[int, Any]) -> list[FailureRecord]:
+    """Failure records from the ranks' error files, in the order the ranks failed."""
+    found = []
+    for rank, failure in failures.items():
+        data = failure.error_file_data or {}
+        message = data.get("message")
+        summary = message.get("message") if isinstance(message, dict) else message
+        if not isinstance(summary, str) or not summary:
+            continue
+        secondary, order, stamp = drivetrain_error_data(data)
+        key = (
+            order if order is not None else 1 << 62,
+            stamp if stamp is not None else failure.timestamp * 10**9,
+        )
+        found.append((key, rank, failure.pid, summary.splitlines()[0], secondary))
+    found.sort()
+    return [
+        FailureRecord(rank, pid, summary, "", secondary, order)
+        for order, (_, rank, pid, summary, secondary) in enumerate(found, start=1)
+    ]

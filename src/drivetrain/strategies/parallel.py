@@ -19,6 +19,7 @@ from drivetrain.strategies.collectives import (
     all_reduce_copy,
     process_group_backend_for,
 )
+from drivetrain.strategies.rank_failures import record_failure, write_torchelastic_error_file
 from drivetrain.strategies.strategy import Strategy, _check_reduce_op
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class ParallelStrategy(Strategy):
         # (hosted, on rank 0) by setup_process_group.
         self._rendezvous_store: dist.Store | None = None
         self._setups = 0
+        # The error this rank is leaving with (see on_exception): no collective is entered after it.
+        self._failure: BaseException | None = None
 
     def given_plugins(self) -> dict[str, Any]:
         given = super().given_plugins()
@@ -249,19 +252,52 @@ class ParallelStrategy(Strategy):
         namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
         dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
         self._owns_process_group = True
+        self._failure = None
         # Scripts that never call teardown() (Accelerate-style ones rarely do) still exit cleanly.
         atexit.register(_leave_at_exit, weakref.ref(self))
-        _watch_for_crashes()
+        _watch_for_crashes(self)
 
     def teardown(self) -> None:
         self._leave_process_group(wait_for_peers=True)
         super().teardown()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """This rank is leaving because of ``exception``: tell the others why, and stop talking to them.
+
+        The failure is recorded in the job's rendezvous store (and in torchrun's error file), so a
+        peer whose collective breaks and the launcher both name this rank as the cause. From now
+        on the strategy's collectives raise at once, and :meth:`teardown` leaves the process group
+        without waiting for peers: they are inside other collectives and would never meet this
+        rank in a barrier. Only the first call counts.
+        """
+        if self._failure is not None:
+            return
+        self._failure = exception
+        if not self._owns_process_group or self._rendezvous_store is None:
+            return
+        environment = self.cluster_environment
+        record = record_failure(
+            self._rendezvous_store, environment.rendezvous_namespace(), self.global_rank, exception
+        )
+        error_file = environment.error_file
+        if error_file:
+            write_torchelastic_error_file(error_file, exception, record)
+
+    def _check_not_failed(self, operation: str) -> None:
+        failure = self._failure
+        if failure is not None:
+            raise RuntimeError(
+                f"Rank {self.global_rank} cannot enter the collective {operation}(): it is leaving the job after "
+                f"{type(failure).__name__}: {failure}. The other ranks are elsewhere and would never meet it there; "
+                "collectives after an error (in on_exception or teardown hooks, say) must not run."
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks join the rendezvous themselves; stores and groups do not cross processes.
         state = self.__dict__.copy()
         state["_rendezvous_store"] = None
         state["_owns_process_group"] = False
+        state["_failure"] = None
         return state
 
     def _leave_process_group(self, wait_for_peers: bool, store_wait: float = 0.0) -> None:
@@ -269,7 +305,7 @@ class ParallelStrategy(Strategy):
             self.release_communication_state()
             if store_wait > 0:
                 self._wait_for_peers_through_store(store_wait)
-            if wait_for_peers:
+            if wait_for_peers and self._failure is None:
                 # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous
                 # store it hosts) while a peer still uses them makes that peer abort at exit.
                 try:
@@ -310,16 +346,19 @@ class ParallelStrategy(Strategy):
         _check_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
+        self._check_not_failed("all_reduce")
         return all_reduce_copy(tensor, reduce_op, group)
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         if not dist.is_initialized():
             return tensor.unsqueeze(0)
+        self._check_not_failed("all_gather")
         return all_gather_checked(tensor, group, sync_grads)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]
+        self._check_not_failed("all_gather_object")
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, obj)
         return gathered
@@ -327,6 +366,7 @@ class ParallelStrategy(Strategy):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not dist.is_initialized():
             return obj
+        self._check_not_failed("broadcast")
         payload = [obj]
         device = self.root_device if self.process_group_backend == "nccl" else None
         dist.broadcast_object_list(payload, src=src, device=device)
@@ -335,6 +375,7 @@ class ParallelStrategy(Strategy):
     def barrier(self, name: str | None = None) -> None:
         if not dist.is_initialized():
             return
+        self._check_not_failed("barrier")
         if self.process_group_backend == "nccl":
             dist.barrier(device_ids=[self.root_device.index or 0])
         else:
@@ -343,6 +384,7 @@ class ParallelStrategy(Strategy):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not dist.is_initialized():
             return decision
+        self._check_not_failed("reduce_boolean_decision")
         votes = torch.tensor(int(bool(decision)), device=self.root_device)
         dist.all_reduce(votes, op=dist.ReduceOp.SUM)
         count = int(votes.item())
@@ -375,7 +417,8 @@ def _leave_at_exit(reference: weakref.ref[ParallelStrategy]) -> None:
     # full timeout on NCCL. After an uncaught exception nobody waits: the launcher reports it.
     strategy = reference()
     if strategy is not None:
-        strategy._leave_process_group(wait_for_peers=False, store_wait=0.0 if _crashed else EXIT_WAIT_SECONDS)
+        failed = _crashed or strategy._failure is not None
+        strategy._leave_process_group(wait_for_peers=False, store_wait=0.0 if failed else EXIT_WAIT_SECONDS)
 
 
 #: How long a rank leaving at interpreter exit waits for its peers to leave too.
@@ -383,16 +426,26 @@ EXIT_WAIT_SECONDS = 2.0
 _crashed = False
 
 
-def _watch_for_crashes() -> None:
-    """Chain a ``sys.excepthook`` that notes an uncaught exception (once per process)."""
+_live: weakref.WeakSet[ParallelStrategy] = weakref.WeakSet()
+
+
+def _watch_for_crashes(strategy: ParallelStrategy) -> None:
+    """Chain a ``sys.excepthook`` that notes an uncaught exception (installed once per process).
+
+    The hook runs before the interpreter exits and closes this rank's connections, so the
+    failure record it writes is in the store before any peer can notice this rank is gone.
+    """
+    _live.add(strategy)
     previous = sys.excepthook
     if getattr(previous, "_drivetrain", False):
         return
 
-    def note_crash(*args: Any) -> None:
+    def note_crash(kind: type[BaseException], error: BaseException, trace: Any) -> None:
         global _crashed
         _crashed = True
-        previous(*args)
+        for live in list(_live):
+            live.on_exception(error)
+        previous(kind, error, trace)
 
     note_crash._drivetrain = True  # type: ignore[attr-defined]
     sys.excepthook = note_crash

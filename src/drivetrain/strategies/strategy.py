@@ -463,6 +463,13 @@ class Strategy:
         if self.is_global_zero:
             self.checkpoint_io.remove_checkpoint(path)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Called by the front doors and launchers when ``exception`` ends the run in this process.
+
+        Parallel strategies tell the other ranks and stop entering collectives (see
+        :meth:`ParallelStrategy.on_exception <drivetrain.strategies.ParallelStrategy.on_exception>`).
+        """
+
     def teardown(self) -> None:
         """Release everything the strategy and its plugins took in this process."""
         self.precision.teardown()

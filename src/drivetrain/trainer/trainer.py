@@ -381,6 +381,7 @@ class Trainer(TrainerProperties):
                 results = self._run_entry_point(fn)
             return stage_output(self, fn, results)
         except BaseException as error:
+            strategy.on_exception(error)  # first: the hooks below must not wait for peers in a collective
             status = "failed" if not isinstance(error, KeyboardInterrupt) else "aborted"
             self.state.status = TrainerStatus.INTERRUPTED
             if self._hooks.on_exception is not None:

@@ -52,6 +52,15 @@ def test_a_failing_child_stops_the_job_and_is_named(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
 
 
+def test_the_failing_child_is_named_even_when_its_peer_notices_first(tmp_path: Path) -> None:
+    # Rank 0's collective breaks as soon as rank 1 closes its connections, seconds before rank 1 has
+    # exited: the report must still name rank 1 and its error, not rank 0's broken connection.
+    result = run_script([str(JOB), "raise-on-1-exiting-slowly", str(tmp_path)], timeout=90)
+    assert result.returncode != 0
+    assert "ProcessFailedError: rank 1 (pid" in result.stderr, result.stderr
+    assert "exited with code 1 after RuntimeError: deliberate failure on rank 1" in result.stderr
+
+
 def test_a_killed_child_interrupts_rank_zero_mid_computation(tmp_path: Path) -> None:
     started = time.monotonic()
     result = run_script([str(JOB), "sigkill-1-while-0-computes", str(tmp_path)], timeout=90)

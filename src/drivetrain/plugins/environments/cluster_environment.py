@@ -74,6 +74,11 @@ class ClusterEnvironment(ABC):
         return ""
 
     @property
+    def error_file(self) -> str | None:
+        """Where the launcher wants a failing process to describe its error (torchrun's error file), if anywhere."""
+        return None
+
+    @property
     def uses_agent_store(self) -> bool:
         """Whether ranks rendezvous through a store the launcher's agent already runs (torchrun)."""
         return False

@@ -54,6 +54,11 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """Whether torchrun's agent already runs the TCP store on ``MASTER_PORT`` (ranks only connect)."""
         return env.get_str("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
+    @property
+    def error_file(self) -> str | None:
+        """``TORCHELASTIC_ERROR_FILE``: torchrun reads a failed worker's error from there."""
+        return env.get_str("TORCHELASTIC_ERROR_FILE") or None
+
     def rendezvous_namespace(self) -> str:
         """The restart attempt: the agent's store outlives restarts, so each attempt needs its own keys."""
         return f"attempt{env.get_str('TORCHELASTIC_RESTART_COUNT') or 0}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ import torch.multiprocessing as mp
 from drivetrain._utilities.apply import move_to_device
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
+from drivetrain.strategies.rank_failures import read_failures, root_cause
 
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
@@ -82,7 +84,7 @@ class MultiprocessingLauncher(Launcher):
         # reads it, and torch's shared-memory tensor passing dies with the process that sent it.
         with tempfile.TemporaryDirectory(prefix="drivetrain-launch-") as scratch:
             result_path = os.path.join(scratch, "rank0-result.pkl")
-            self._run(function, args, kwargs, result_path, port)
+            self._run(function, args, kwargs, result_path, port, store)
             if not os.path.exists(result_path):
                 return None
             with open(result_path, "rb") as file:
@@ -97,6 +99,7 @@ class MultiprocessingLauncher(Launcher):
         kwargs: dict[str, Any],
         result_path: str,
         port: int,
+        store: dist.Store | None,
     ) -> None:
         strategy = self._strategy
         environment = strategy.cluster_environment
@@ -125,23 +128,43 @@ class MultiprocessingLauncher(Launcher):
         try:
             while not process_context.join():
                 pass
-        except mp.ProcessRaisedException as error:
-            # torch reports whichever failed rank it noticed first; when a rank raised and its peers
-            # then failed in a collective, the earliest error file names the rank that started it.
-            index, trace = _earliest_error(process_context.error_files) or (error.error_index, error.msg)
-            rank = node_rank * num_processes + index
-            pid = process_context.processes[index].pid
-            raise ProcessFailedError(f"rank {rank} (pid {pid}) failed:\n{trace}", rank=rank) from None
-        except mp.ProcessExitedException as error:
-            rank = node_rank * num_processes + error.error_index
-            how = (
-                f"was killed by {error.signal_name}"
-                if error.signal_name
-                else f"exited with code {error.exit_code}"
-            )
-            raise ProcessFailedError(
-                f"rank {rank} (pid {error.error_pid}) {how}", rank=rank, exit_code=error.exit_code
-            ) from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            raise self._root_cause(process_context, error, store) from None
+
+    def _root_cause(
+        self,
+        context: Any,
+        error: mp.ProcessRaisedException | mp.ProcessExitedException,
+        store: dist.Store | None,
+    ) -> ProcessFailedError:
+        """The error naming the rank whose failure ended the job, with its traceback when it raised.
+
+        torch reports whichever failed process it noticed first; the ranks' failure records say
+        which one started it (a rank that raised, not the peer that then lost it in a collective).
+        """
+        strategy = self._strategy
+        first_rank = strategy.node_rank * strategy.num_processes
+        records = read_failures(store, strategy.cluster_environment.rendezvous_namespace()) if store else []
+        noticed = error.error_index
+        order = [noticed, *(i for i in range(len(context.processes)) if i != noticed)]
+        ended = [
+            (first_rank + i, context.processes[i].exitcode)
+            for i in order
+            if context.processes[i].exitcode is not None
+        ]
+        cause = root_cause(records, ended)
+        rank = cause[0] if cause is not None else first_rank + noticed
+        index = rank - first_rank
+        local = 0 <= index < len(context.processes)
+        pid = context.processes[index].pid if local else (cause[1].pid if cause and cause[1] else None)
+        where = f"rank {rank}" + (f" (pid {pid})" if pid is not None else "")
+        trace = _error_file_trace(context.error_files[index]) if local else None
+        if trace is None and cause is not None and cause[1] is not None:
+            trace = f"\n{cause[1].traceback}"
+        if trace is not None:
+            return ProcessFailedError(f"{where} failed:{trace}", rank=rank)
+        code = context.processes[index].exitcode if local else None
+        return ProcessFailedError(f"{where} {_how(code)}", rank=rank, exit_code=code)
 
 
 def _run_rank(
@@ -172,26 +195,36 @@ def _run_rank(
     strategy._rendezvous_store = dist.TCPStore(
         main_address, main_port, num_nodes * num_processes, is_master=False, timeout=strategy.timeout
     )
-    result = function(*args, **kwargs)
+    try:
+        result = function(*args, **kwargs)
+    except BaseException as error:
+        strategy.on_exception(error)  # recorded for the parent, and no collective on the way out
+        raise
     if node_rank == 0 and local_rank == 0:
         with open(result_path, "wb") as file:
             pickle.dump(move_to_device(result, "cpu"), file)
 
 
-def _earliest_error(error_files: list[str]) -> tuple[int, str] | None:
-    """The local index and traceback of the rank whose error file was written first."""
-    written = []
-    for index, path in enumerate(error_files):
-        try:
-            if os.path.getsize(path) > 0:
-                written.append((os.stat(path).st_mtime_ns, index, path))
-        except OSError:
-            continue
-    if not written:
+def _error_file_trace(path: str) -> str | None:
+    """The traceback torch's rank wrapper wrote to ``path`` when the rank raised (``None`` otherwise)."""
+    try:
+        if os.path.getsize(path) == 0:
+            return None
+        with open(path, "rb") as file:
+            return f"\n{pickle.load(file)}"
+    except (OSError, EOFError, pickle.UnpicklingError):
         return None
-    _, index, path = min(written)
-    with open(path, "rb") as file:
-        return index, f"\n{pickle.load(file)}"
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "failed"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

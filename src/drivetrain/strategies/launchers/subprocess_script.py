@@ -24,6 +24,7 @@ import torch.distributed as dist
 from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
+from drivetrain.strategies.rank_failures import FailureRecord, read_failures, root_cause
 
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
@@ -49,6 +50,8 @@ class SubprocessScriptLauncher(Launcher):
         self._unwinding = False
         self._handled = False
         self._lock = threading.Lock()
+        self._ended: list[tuple[int, int]] = []  # (rank, exit code) of children, in the order they ended
+        self._namespace = ""
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -65,33 +68,52 @@ class SubprocessScriptLauncher(Launcher):
             self._start_children()
         try:
             return function(*args, **kwargs)
-        except ProcessFailedError:
-            raise
         except BaseException as error:
+            self._strategy.on_exception(error)
+            if isinstance(error, ProcessFailedError):
+                raise  # already names the rank that failed (the watcher interrupted us)
             self._unwinding = True
-            # A collective fails here when a peer died: if a child died, that is the cause to report.
-            cause = self._dead_child(wait_seconds=1.0)
+            cause = self._root_cause() if self._children else None
             self.stop_children()  # they cannot finish without this rank
             if cause is not None:
                 raise cause from error
             raise
 
-    def _dead_child(self, wait_seconds: float) -> ProcessFailedError | None:
-        deadline = time.monotonic() + wait_seconds
+    def _root_cause(self) -> ProcessFailedError | None:
+        """The error naming the rank whose failure ended the job; ``None`` when it is this rank.
+
+        When this rank's error came from losing a peer, the peer's own story may still be on its
+        way (its failure record is written before its connections close, but a rank killed by a
+        signal writes none and is seen only once it has exited): wait for it, within a bound.
+        """
+        deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
         while True:
-            with self._lock:
-                if self._failure is not None:
-                    return self._failure
-                for rank, process in self._children:
-                    code = process.poll()
-                    if code not in (None, 0):
-                        self._failure = ProcessFailedError(
-                            _describe_exit(rank, process.pid, code), rank=rank, exit_code=code
-                        )
-                        return self._failure
-            if time.monotonic() > deadline or not self._children:
-                return None
+            cause = self._diagnose()
+            settled = cause is not None and (cause[1] is None or not cause[1].secondary)
+            if settled or time.monotonic() > deadline:
+                break
             time.sleep(0.05)
+        if cause is None or cause[0] == self._strategy.global_rank:
+            return None
+        rank, record = cause
+        process = dict(self._children).get(rank)
+        if process is not None and record is not None:
+            try:  # it is failing already; its exit code completes the report
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return _failure_error(rank, record, process)
+
+    def _diagnose(self) -> tuple[int, FailureRecord | None] | None:
+        """``(rank, record)`` of the root cause, from the failure records and the children's exits."""
+        records = read_failures(self._store, self._namespace) if self._store is not None else []
+        with self._lock:
+            ended = list(self._ended)
+        seen = {rank for rank, _ in ended}
+        ended += [
+            (rank, p.returncode) for rank, p in self._children if rank not in seen and p.poll() is not None
+        ]
+        return root_cause(records, ended)
 
     # -- starting ----------------------------------------------------------------------------
     def _start_children(self) -> None:
@@ -111,6 +133,7 @@ class SubprocessScriptLauncher(Launcher):
                 wait_for_workers=False,
             )
             port = store.port
+            self._namespace = environment.rendezvous_namespace()
             strategy._rendezvous_store = store
             self._store = store  # hosted until the children have exited (see _at_exit)
             if environment.main_port != port:
@@ -154,14 +177,20 @@ class SubprocessScriptLauncher(Launcher):
     # -- watching ----------------------------------------------------------------------------
     def _watch(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         code = process.wait()
+        with self._lock:
+            self._ended.append((rank, code))
         if code == 0:
             return
         with self._lock:
             if self._stopping or self._failure is not None:
                 return
-            self._failure = ProcessFailedError(
-                _describe_exit(rank, process.pid, code), rank=rank, exit_code=code
-            )
+        # The first child to die may only have lost a peer that is failing more slowly.
+        cause = self._diagnose() or (rank, None)
+        cause_rank, record = cause
+        with self._lock:
+            if self._stopping or self._failure is not None:
+                return
+            self._failure = _failure_error(cause_rank, record, dict(self._children).get(cause_rank))
         _log.error(f"[drivetrain] {self._failure}; stopping the other ranks.", main_process_only=False)
         self.stop_children()
         # At exit, _at_exit reports the failure itself; while unwinding, launch() reports it.
@@ -251,6 +280,18 @@ def script_command() -> list[str]:
             "'ddp_spawn' with a function to run, or start the job with `drivetrain launch`."
         )
     return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
+
+
+def _failure_error(
+    rank: int, record: FailureRecord | None, process: subprocess.Popen[bytes] | None
+) -> ProcessFailedError:
+    pid = process.pid if process is not None else (record.pid if record is not None else None)
+    code = process.poll() if process is not None else None
+    if code is None:
+        text = record.describe() if record is not None else f"rank {rank} failed"
+    else:
+        text = _describe_exit(rank, pid, code) + (f" after {record.summary}" if record is not None else "")
+    return ProcessFailedError(text, rank=rank, exit_code=code)
 
 
 def _describe_exit(rank: int, pid: int | None, code: int) -> str:

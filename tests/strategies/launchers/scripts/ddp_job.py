@@ -1,9 +1,10 @@
 """A 2-process DDP job started by drivetrain's re-run-the-script launcher, with failure modes.
 
 Usage: python ddp_job.py MODE PIDFILE_DIR
-MODE: ok | raise-on-1 | raise-on-0 | sigkill-1-while-0-computes | resetup
+MODE: ok | raise-on-1 | raise-on-1-exiting-slowly | raise-on-0 | sigkill-1-while-0-computes | resetup
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -45,6 +46,11 @@ def run() -> None:
         f"threads={torch.get_num_threads()} omp={os.environ.get('OMP_NUM_THREADS')}"
     )
     if mode == "raise-on-1" and rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    if mode == "raise-on-1-exiting-slowly" and rank == 1:
+        # As under heavy load: rank 1 has closed its connections (rank 0's collective fails at once) but
+        # takes seconds more to end, so rank 0 cannot learn the cause from rank 1's exit in time.
+        atexit.register(time.sleep, 4)
         raise RuntimeError("deliberate failure on rank 1")
     if mode == "raise-on-0" and rank == 0:
         raise RuntimeError("deliberate failure on rank 0")

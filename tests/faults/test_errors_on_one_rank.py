@@ -1,0 +1,55 @@
+"""An exception on one rank ends the whole job within seconds, with that rank's traceback, in every launch mode.
+
+The failing rank must never enter a collective on its way out (the others are inside other
+collectives and would never meet it there), and the report names it as the cause.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import pytest
+
+from faults.jobs import Job, report
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
+
+#: From the moment rank 1 raises to the end of the job's last process.
+EXIT_BOUND_SECONDS = 30
+
+#: How each launch mode says which rank failed.
+NAMED = {
+    "script": r"rank 1 \(pid \d+\) exited with code 1 after RuntimeError: injected failure",
+    "ddp_spawn": r"ProcessFailedError: rank 1 \(pid \d+\) failed:\s+Traceback",
+    "ddp_fork": r"ProcessFailedError: rank 1 \(pid \d+\) failed:\s+Traceback",
+    "drivetrain launch": r"drivetrain launch: .* failed: rank 1 \(pid \d+\) exited with code 1 after RuntimeError: "
+    r"injected failure on rank 1 at step 3",
+    "torchrun": r"RuntimeError: injected failure on rank 1 at step 3",
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "door"),
+    [
+        ("script", "accelerator"),
+        ("ddp_spawn", "trainer"),
+        ("ddp_spawn", "accelerator"),
+        ("ddp_fork", "trainer"),
+        ("drivetrain launch", "trainer"),
+        ("torchrun", "accelerator"),
+    ],
+)
+def test_an_error_on_one_rank_ends_the_job_and_names_the_rank(
+    launch: Callable[..., Job], mode: str, door: str
+) -> None:
+    job = launch(mode, door, "raise")
+    code, _, err = job.wait(timeout=90)
+    ended = time.time()
+    assert code != 0
+    assert "RuntimeError: injected failure on rank 1 at step 3" in err, err
+    assert re.search(NAMED[mode], err), err
+    seconds = ended - float((job.directory / "fault").read_text())
+    report(f"error on rank 1: {mode}, {door}", 1, int(seconds < EXIT_BOUND_SECONDS), seconds)
+    assert seconds < EXIT_BOUND_SECONDS, f"the job took {seconds:.1f} s to end after rank 1 failed"
