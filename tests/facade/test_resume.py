@@ -118,3 +118,18 @@ def test_automatic_checkpoint_names_and_limit(tmp_path: Path) -> None:
         dt.Accelerator(cpu=True).save_state()
     with pytest.raises(FileNotFoundError, match="No drivetrain training state"):
         accelerator.load_state(tmp_path)
+
+
+def test_loading_a_state_with_more_models_than_prepared_is_an_error(tmp_path: Path) -> None:
+    saver = dt.Accelerator(cpu=True)
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    saver.prepare(first, second, torch.optim.SGD(first.parameters(), lr=0.1))
+    saver.save_state(tmp_path / "state")
+
+    loader = dt.Accelerator(cpu=True)
+    model = nn.Linear(2, 2)
+    loader.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(
+        ValueError, match=r"holds 2 models \(prepared now: 1\): loading it would leave 'model_1' unrestored"
+    ):
+        loader.load_state(tmp_path / "state")

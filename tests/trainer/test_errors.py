@@ -262,3 +262,39 @@ def test_training_step_must_return_a_loss() -> None:
         ValueError, match=r"training_step returned a dict without a 'loss' entry \(keys: value\)"
     ):
         quiet_trainer().fit(NoLossKey(), loader())
+
+
+def test_training_data_that_yields_nothing_is_an_error_not_an_endless_loop() -> None:
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    empty = DataLoader(TensorDataset(torch.zeros(0, 4), torch.zeros(0, 1)), batch_size=4)
+    with pytest.raises(ValueError, match=r"The training loader is empty \(len\(loader\) == 0"):
+        quiet_trainer(max_epochs=-1, max_steps=10).fit(Regression(), empty)
+    with pytest.raises(
+        ValueError, match=r"limit_train_batches=0 leaves fit\(\) no batch.*trainer.validate\(\)"
+    ):
+        quiet_trainer(max_epochs=-1, max_steps=10, limit_train_batches=0).fit(Regression(), loader())
+    with pytest.raises(
+        ValueError, match=r"limit_train_batches=0.01 is a fraction of 8 batches that rounds down"
+    ):
+        quiet_trainer(limit_train_batches=0.01).fit(Regression(), loader())
+
+    class Nothing(IterableDataset):
+        def __iter__(self) -> Any:
+            return iter([])
+
+    with pytest.raises(ValueError, match=r"The training loader produced no batch in epoch 0"):
+        quiet_trainer(max_epochs=-1, max_steps=10).fit(Regression(), DataLoader(Nothing(), batch_size=4))
+
+
+def test_logging_a_tensor_of_several_values_is_an_error() -> None:
+    class LogsAVector(Regression):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("per_class", torch.tensor([1.0, 2.0, 3.0]))
+            return loss
+
+    with pytest.raises(
+        ValueError, match=r"self.log\('per_class', value\) got a tensor of shape \(3,\) \(3 elements\)"
+    ):
+        quiet_trainer(max_steps=1).fit(LogsAVector(), loader())

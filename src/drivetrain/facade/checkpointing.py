@@ -67,7 +67,8 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     strategy = accelerator.strategy
     state = _live_state(accelerator)
     state.update({"processes": None, "accumulation_step": 0, "iteration": 0})
-    strategy.load_state(path, state, strict=True)
+    unused = strategy.load_state(path, state, strict=True)
+    _check_nothing_left_behind(directory, unused, state)
     processes: list[dict[str, Any]] = state["processes"]
     mine = state_for_rank(
         processes, accelerator.process_index, accelerator.num_processes, source=str(directory)
@@ -85,6 +86,38 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     if config.automatic_checkpoint_naming:
         config.iteration = int(state["iteration"]) + 1
     return str(directory)
+
+
+_PREPARED_KINDS = {
+    "model": "models",
+    "optimizer": "optimizers",
+    "scheduler": "schedulers",
+    "custom": "objects registered with register_for_checkpointing",
+}
+
+
+def _check_nothing_left_behind(directory: Path, unused: dict[str, Any], state: dict[str, Any]) -> None:
+    """Refuse a checkpoint holding more models/optimizers/… than are prepared: a subset would load silently."""
+    extra = sorted(key for key in unused if _kind(key) is not None)
+    if not extra:
+        return
+    counts = []
+    for kind, words in _PREPARED_KINDS.items():
+        live = sum(1 for key in state if _kind(key) == kind)
+        saved = live + sum(1 for key in extra if _kind(key) == kind)
+        if saved != live:
+            counts.append(f"{saved} {words} (prepared now: {live})")
+    raise ValueError(
+        f"The state in '{directory}' holds {', '.join(counts)}: loading it would leave "
+        f"{', '.join(map(repr, extra))} unrestored. Prepare (or register) the same objects, in the same order, "
+        f"before load_state."
+    )
+
+
+def _kind(key: str) -> str | None:
+    """``"model"`` for ``"model_3"`` and so on; ``None`` for entries that are not prepared objects."""
+    match = re.fullmatch(r"(model|optimizer|scheduler|custom)_\d+", key)
+    return match.group(1) if match else None
 
 
 def _live_state(accelerator: Accelerator) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from drivetrain.trainer.data import as_loader_list, is_loader_list, limited_length, shard
+from drivetrain.trainer.data import as_loader_list, is_loader_list, limited_length, loader_length, shard
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.state import RunningStage, TrainerFn
@@ -88,9 +88,10 @@ class DataConnector:
                     f"(torch.utils.data.ConcatDataset) into one loader."
                 )
             self.train_loader = self._prepare(loader, RunningStage.TRAINING)
-            self.num_training_batches = limited_length(
-                self.train_loader, trainer._settings.limit_train_batches, "limit_train_batches"
-            )
+            limit = trainer._settings.limit_train_batches
+            self.num_training_batches = limited_length(self.train_loader, limit, "limit_train_batches")
+            if self.num_training_batches == 0:
+                raise ValueError(_no_training_batches(self.train_loader, limit))
             self.validation_enabled = self._prepare_eval(RunningStage.VALIDATING, required=False)
         else:
             stage = {
@@ -157,3 +158,21 @@ class DataConnector:
             steps = self.trainer._settings.num_sanity_val_steps
             return loaders, [length if steps == -1 else min(length, steps) for length in lengths]
         return self._eval.get(stage, ([], []))
+
+
+def _no_training_batches(loader: Any, limit: int | float) -> str:
+    """Why fit() would train on nothing (it would loop over empty epochs forever), and the fix."""
+    if limit == 0:
+        return (
+            f"limit_train_batches={limit} leaves fit() no batch to train on. Use a positive number of batches or "
+            f"fraction, or call trainer.validate() to run validation without training."
+        )
+    if loader_length(loader) == 0:
+        return (
+            "The training loader is empty (len(loader) == 0 in this process), so fit() has nothing to train on. "
+            "Check the dataset, and that batch_size is not larger than the data with drop_last=True."
+        )
+    return (
+        f"limit_train_batches={limit} is a fraction of {int(loader_length(loader))} batches that rounds down to 0. "
+        f"Use a larger fraction or a number of batches."
+    )

@@ -138,6 +138,8 @@ class ResultCollection:
         slot = self.slots.get(key)
         options = (prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, self.batch_level)
         if slot is None or (slot.options is not options and slot.options != options):
+            if isinstance(value, Tensor) and value.numel() != 1:  # checked once per name, off the step path
+                raise ValueError(_not_scalar(name, value))
             slot = self._new_slot(key, name, options)
         if slot.fast and self._batch_level and type(value) is Tensor:
             # Kept as given and detached when read: a per-step loss holds nothing a hand-written loop's
@@ -146,6 +148,8 @@ class ResultCollection:
             slot.mark = self.mark
             return
         if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ValueError(_not_scalar(name, value))
             value = value.detach()
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(value)
@@ -226,6 +230,8 @@ class ResultCollection:
                 )
             existing.options = options  # same meaning, other spelling: remember this one too
             slot = existing
+        elif slot.sync and self._all_gather_object is not None:
+            _check_same_name_everywhere(key, self._all_gather_object)
         self.slots[key] = slot
         if slot.fast and batch_level and not self.suffix:
             self._fast[key] = slot
@@ -467,6 +473,36 @@ def infer_batch_size(batch: Any) -> int:
             return infer_batch_size(first)
         return len(batch)
     return 1
+
+
+def _check_same_name_everywhere(key: str, all_gather_object: Callable[[Any], list[Any]]) -> None:
+    """Every rank must be logging the same name where a step value is reduced across ranks.
+
+    Otherwise the all-reduce silently averages different metrics (``self.log(f"acc_rank{rank}",
+    sync_dist=True)``). Checked once per name, when its slot is created, never per step.
+    """
+    names = all_gather_object(key)
+    if all(name == key for name in names):
+        return
+    ranks: dict[str, list[int]] = {}
+    for rank, name in enumerate(names):
+        ranks.setdefault(name, []).append(rank)
+    detail = "; ".join(
+        f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {n!r}" for n, r in ranks.items()
+    )
+    raise ValueError(
+        f"self.log(..., sync_dist=True) reduces a value across ranks, but the ranks log different names at the same "
+        f"point ({detail}), so different metrics would be averaged together. Log the same name on every rank, or "
+        f"pass sync_dist=False for a per-rank metric."
+    )
+
+
+def _not_scalar(name: str, value: Tensor) -> str:
+    return (
+        f"self.log({name!r}, value) got a tensor of shape {tuple(value.shape)} ({value.numel()} elements); a "
+        f"metric is one number. Log a reduction (value.mean()), or each element under its own name "
+        f"(self.log_dict({{f'{name}_{{i}}': v for i, v in enumerate(value)}}))."
+    )
 
 
 def _bad_value(name: str, value: Any) -> str:

@@ -126,6 +126,13 @@ class FitLoop:
             results.batch_level = True
             self._run_batches(self._epoch_iterator(resuming))
             results.batch_level = False
+            if not resuming and progress.batches_done == 0 and _yields_nothing(trainer._data.train_loader):
+                # An unsized loader that yields nothing: every epoch would be empty, forever.
+                raise ValueError(
+                    f"The training loader produced no batch in epoch {progress.epoch}, so fit() cannot make "
+                    f"progress. Check the dataset (an iterable dataset may be exhausted, or shard to nothing "
+                    f"on this process)."
+                )
             if math.isinf(self.num_batches) and self.val_check_batch == math.inf:
                 every_n = self.settings.check_val_every_n_epoch or 1
                 progress.validation_pending = (progress.epoch + 1) % every_n == 0
@@ -230,3 +237,9 @@ class FitLoop:
                 break
             if timed and self._out_of_time():
                 break
+
+
+def _yields_nothing(loader: Any) -> bool:
+    """Whether a fresh pass over ``loader`` ends at once (asked only after an epoch with no batch)."""
+    end = object()
+    return next(iter(loader), end) is end
