@@ -3,7 +3,8 @@
 ``SRC`` is a directory written by ``FSDPStrategy.save_state`` (sharded, through
 ``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``; ``DST`` is the file to
 write, loadable with ``torch.load(DST, weights_only=True)`` in one process. Runs without a GPU
-or a process group; it needs memory for the whole model.
+or a process group; it needs memory for the whole model. ``SRC`` is read safely (no code from
+the files runs); ``--no-weights-only`` lifts that for checkpoints from a trusted source.
 """
 
 from __future__ import annotations
@@ -22,16 +23,26 @@ def add_consolidate_command(commands: Any) -> None:
     )
     parser.add_argument("source", metavar="SRC", help="the sharded checkpoint directory")
     parser.add_argument("destination", metavar="DST", help="the file to write")
+    parser.add_argument(
+        "--no-weights-only",
+        dest="weights_only",
+        action="store_false",
+        help="unpickle SRC without restrictions (can run code from the files: only for checkpoints you trust)",
+    )
     parser.set_defaults(run=run_consolidate)
 
 
 def run_consolidate(args: argparse.Namespace) -> int:
+    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
     from drivetrain.strategies.consolidate import checkpoint_kind, consolidate_checkpoint
 
     try:
         kind = checkpoint_kind(args.source)
-        written = consolidate_checkpoint(args.source, args.destination)
-    except (FileNotFoundError, ValueError, ImportError) as error:
+        written = consolidate_checkpoint(args.source, args.destination, weights_only=args.weights_only)
+    except UnsafeCheckpointError as error:
+        print(f"drivetrain consolidate: {error.with_opt_out('--no-weights-only')}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, ImportError) as error:  # DamagedCheckpointError is a ValueError
         print(f"drivetrain consolidate: {error}", file=sys.stderr)
         return 2
     print(f"drivetrain consolidate: wrote the {kind} checkpoint {args.source} to {written}")

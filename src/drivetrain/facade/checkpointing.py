@@ -52,7 +52,9 @@ def save_state(accelerator: Accelerator, output_dir: str | os.PathLike[str] | No
     return str(directory)
 
 
-def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | None = None) -> str:
+def load_state(
+    accelerator: Accelerator, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True
+) -> str:
     """Restore what :func:`save_state` wrote into the live prepared objects; returns the directory."""
     config = accelerator.project_configuration
     if input_dir is None:
@@ -67,7 +69,15 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike[str] | Non
     strategy = accelerator.strategy
     state = _live_state(accelerator)
     state.update({"processes": None, "accumulation_step": 0, "iteration": 0})
-    unused = strategy.load_state(path, state, strict=True)
+    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+
+    try:
+        if weights_only:  # passed only when it differs: a user strategy's load_state may predate it
+            unused = strategy.load_state(path, state, strict=True)
+        else:
+            unused = strategy.load_state(path, state, strict=True, weights_only=False)
+    except UnsafeCheckpointError as error:
+        raise error.with_opt_out("Accelerator.load_state(..., load_kwargs={'weights_only': False})") from None
     _check_nothing_left_behind(directory, unused, state)
     processes: list[dict[str, Any]] = state["processes"]
     mine = state_for_rank(

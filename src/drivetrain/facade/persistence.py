@@ -79,11 +79,25 @@ class Persistence(ProcessControl):
         self._require_processes("save_state")
         return checkpointing.save_state(self, output_dir)
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> str:
-        """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch."""
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch.
+
+        Args:
+            input_dir: the directory :meth:`save_state` wrote; ``None`` loads the newest complete
+                automatic checkpoint.
+            load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
+                which can run code from the files: only for checkpoints from a trusted source.
+                By default only tensors, plain values and allow-listed classes are read.
+        """
         _no_model_kwargs("load_state", kwargs)
+        weights_only = _weights_only(load_kwargs)
         self._require_processes("load_state")
-        return checkpointing.load_state(self, input_dir)
+        return checkpointing.load_state(self, input_dir, weights_only=weights_only)
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` once (main process; each node's with ``save_on_each_node``), atomically."""
@@ -136,3 +150,20 @@ def _no_model_kwargs(method: str, kwargs: dict[str, Any]) -> None:
             f"{method}() got {', '.join(map(repr, kwargs))}: drivetrain saves models through the strategy and takes "
             f"no model-saving options here."
         )
+
+
+def _weights_only(load_kwargs: dict[str, Any] | None) -> bool:
+    if load_kwargs is None:
+        return True
+    if not isinstance(load_kwargs, dict):
+        raise TypeError(f"load_state(load_kwargs=...) expects a dict, got {type(load_kwargs).__name__}.")
+    unknown = sorted(set(load_kwargs) - {"weights_only"})
+    if unknown:
+        raise ValueError(
+            f"load_state(load_kwargs=...) got {', '.join(map(repr, unknown))}; drivetrain loads through the "
+            f"strategy and takes only 'weights_only' here (e.g. load_kwargs={{'weights_only': False}})."
+        )
+    value = load_kwargs.get("weights_only", True)
+    if not isinstance(value, bool):
+        raise TypeError(f"load_state(load_kwargs={{'weights_only': {value!r}}}): use True or False.")
+    return value

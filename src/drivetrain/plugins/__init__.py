@@ -41,6 +41,8 @@ _SUBPACKAGE = {
     "TorchElasticEnvironment": "environments",
     "AsyncCheckpointIO": "io",
     "CheckpointIO": "io",
+    "DamagedCheckpointError": "io",
+    "UnsafeCheckpointError": "io",
     "TorchCheckpointIO": "io",
     "DeepSpeedPrecision": "precision",
     "DoublePrecision": "precision",

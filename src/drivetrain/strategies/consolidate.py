@@ -34,13 +34,16 @@ def checkpoint_kind(path: str | Path) -> str:
     )
 
 
-def consolidate_checkpoint(source: str | Path, destination: str | Path) -> Path:
+def consolidate_checkpoint(source: str | Path, destination: str | Path, *, weights_only: bool = True) -> Path:
     """Gather the sharded checkpoint in directory ``source`` into the single file ``destination``.
 
     Args:
         source: a directory written by ``FSDPStrategy.save_state`` (sharded) or
             ``DeepSpeedStrategy.save_state``.
         destination: the file to write (its folder is created).
+        weights_only: read ``source`` safely (tensors, plain values and the known metadata
+            classes only). ``False`` unpickles anything, which can run code from the files: only
+            for checkpoints from a trusted source.
 
     Returns:
         ``destination``. It holds the entries given to ``save_state``: modules as full
@@ -49,6 +52,8 @@ def consolidate_checkpoint(source: str | Path, destination: str | Path) -> Path:
 
     Raises:
         FileNotFoundError/ValueError: see :func:`checkpoint_kind`.
+        DamagedCheckpointError: a file of ``source`` is truncated, empty or missing.
+        UnsafeCheckpointError: ``source`` holds objects safe loading refuses.
     """
     kind = checkpoint_kind(source)
     if Path(destination).is_dir():
@@ -56,7 +61,7 @@ def consolidate_checkpoint(source: str | Path, destination: str | Path) -> Path:
     if kind == "fsdp":
         from drivetrain.strategies.fsdp_checkpoint import consolidate_fsdp_checkpoint
 
-        return consolidate_fsdp_checkpoint(source, destination)
+        return consolidate_fsdp_checkpoint(source, destination, weights_only=weights_only)
     from drivetrain.strategies.deepspeed_checkpoint import consolidate_deepspeed_checkpoint
 
-    return consolidate_deepspeed_checkpoint(source, destination)
+    return consolidate_deepspeed_checkpoint(source, destination, weights_only=weights_only)

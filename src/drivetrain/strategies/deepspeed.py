@@ -397,12 +397,21 @@ class DeepSpeedStrategy(ParallelStrategy):
         save_engine_state(self, path, state)
 
     def load_state(
-        self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        *,
+        weights_only: bool = True,
     ) -> dict[str, Any]:
-        """Restore the engine (and its optimizer, when named in ``state``) and the other entries."""
+        """Restore the engine (and its optimizer, when named in ``state``) and the other entries.
+
+        Every file is read with ``weights_only=True`` (DeepSpeed's own checkpoint classes
+        allowed) unless ``weights_only=False``.
+        """
         from drivetrain.strategies.deepspeed_checkpoint import load_engine_state
 
-        return load_engine_state(self, path, state if state is not None else {}, strict)
+        return load_engine_state(self, path, state if state is not None else {}, strict, weights_only)
 
     def teardown(self) -> None:
         if self._set_local_rank_variable:

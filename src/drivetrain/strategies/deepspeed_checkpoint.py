@@ -12,6 +12,9 @@ checkpoint holds before DeepSpeed touches the live engine.
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +77,11 @@ def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict
 
 
 def load_engine_state(
-    strategy: DeepSpeedStrategy, path: str | Path, state: dict[str, Any], strict: bool
+    strategy: DeepSpeedStrategy,
+    path: str | Path,
+    state: dict[str, Any],
+    strict: bool,
+    weights_only: bool = True,
 ) -> dict[str, Any]:
     if not is_deepspeed_checkpoint(path):
         raise FileNotFoundError(
@@ -87,7 +94,9 @@ def load_engine_state(
             f"{len(engines)} engines: {[name for name, _ in engines]}."
         )
     _, engine = engines[0]
-    header = _read_header(Path(path), strategy.checkpoint_io.load_checkpoint)
+    if weights_only:
+        check_files(Path(path))
+    header = _read_header(Path(path), lambda file: strategy.load_checkpoint(file, weights_only=weights_only))
     values: dict[str, Any] = header["values"]
     known = {header["module"], header["optimizer"], *values}
     missing = [name for name in state if name not in known and state[name] is not engine]
@@ -97,12 +106,13 @@ def load_engine_state(
             f"{', '.join(repr(n) for n in known if n)}). Pass strict=False to load the rest."
         )
     wants_optimizer = any(value is engine.optimizer for value in state.values() if value is not None)
-    load_path, _ = engine.load_checkpoint(
-        str(path),
-        load_module_strict=strict,
-        load_optimizer_states=wants_optimizer,
-        load_lr_scheduler_states=False,
-    )
+    with safe_deepspeed_loads(path, weights_only):
+        load_path, _ = engine.load_checkpoint(
+            str(path),
+            load_module_strict=strict,
+            load_optimizer_states=wants_optimizer,
+            load_lr_scheduler_states=False,
+        )
     if load_path is None:
         raise FileNotFoundError(f"DeepSpeed found no checkpoint to load in {path}.")
     for name, target in state.items():
@@ -124,11 +134,14 @@ def _read_header(root: Path, load: Any) -> dict[str, Any]:
     return header
 
 
-def consolidate_deepspeed_checkpoint(source: str | Path, destination: str | Path) -> Path:
+def consolidate_deepspeed_checkpoint(
+    source: str | Path, destination: str | Path, weights_only: bool = True
+) -> Path:
     """Write the float32 weights (and the saved plain entries) of a DeepSpeed checkpoint to one file.
 
     ZeRO partitions are merged with DeepSpeed's ``zero_to_fp32``; a stage-0 checkpoint's module
-    file already holds full weights. The module's entry keeps the name it was saved under.
+    file already holds full weights. The module's entry keeps the name it was saved under. Every
+    file is read safely unless ``weights_only=False``.
     """
     import torch
 
@@ -137,6 +150,8 @@ def consolidate_deepspeed_checkpoint(source: str | Path, destination: str | Path
 
     require("deepspeed", extra="deepspeed", feature="Consolidating a DeepSpeed checkpoint")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from drivetrain.plugins.io.safe_loading import load_torch_file
 
     source = Path(source)
     if _module_file(source) is not None:  # a tag folder was given
@@ -152,16 +167,65 @@ def consolidate_deepspeed_checkpoint(source: str | Path, destination: str | Path
     module_path = _module_file(root / tag)
     if module_path is None:
         raise FileNotFoundError(f"No DeepSpeed module file ({' or '.join(MODEL_FILES)}) in {root / tag}.")
-    saved = _read_header(root, TorchCheckpointIO().load_checkpoint)
-    if any((root / tag).glob("zero_pp_rank_*_optim_states.pt")):  # ZeRO 1-3: merge the partitions
-        weights = get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
-    else:  # stage 0: rank 0's module file holds the full weights
-        # DeepSpeed pickles that file (config objects and all); it is the user's own checkpoint, read
-        # the way DeepSpeed reads it. What we write is plain tensors and values.
-        weights = torch.load(module_path, map_location="cpu", weights_only=False)["module"]
+    if weights_only:
+        check_files(root)
+    saved = _read_header(root, lambda file: load_torch_file(file, weights_only=weights_only))
+    with safe_deepspeed_loads(root, weights_only):
+        if any((root / tag).glob("*zero_pp_rank_*_optim_states.pt")):  # ZeRO 1-3: merge the partitions
+            weights = get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
+        else:  # stage 0: rank 0's module file holds the full weights
+            weights = torch.load(module_path, map_location="cpu", weights_only=weights_only)["module"]
     checkpoint = {
         saved["module"] or "model": {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
     }
     checkpoint.update(saved["values"])
     TorchCheckpointIO().save_checkpoint(checkpoint, destination)
     return Path(destination)
+
+
+def deepspeed_safe_globals() -> list[Any]:
+    """The classes DeepSpeed puts in its checkpoints (ZeRO stage, loss scaler, fragment addresses).
+
+    Found by scanning checkpoints of stages 0-3 in fp32 and bf16 with
+    ``torch.serialization.get_unsafe_globals_in_checkpoint``; building them runs no code of the file.
+    """
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+@contextmanager
+def safe_deepspeed_loads(path: str | Path, weights_only: bool) -> Iterator[None]:
+    """Run DeepSpeed's own loading with every ``torch.load`` safe (unless ``weights_only=False``).
+
+    DeepSpeed passes ``weights_only=False`` itself; torch's process-wide switch overrides it. A
+    refusal is reported with the checkpoint's path rather than as torch's advice.
+    """
+    if not weights_only:
+        yield
+        return
+    from drivetrain.plugins.io.safe_loading import (
+        DamagedCheckpointError,
+        UnsafeCheckpointError,
+        forced_weights_only,
+        is_refusal,
+        refusal_reason,
+    )
+
+    try:
+        with forced_weights_only(deepspeed_safe_globals()):
+            yield
+    except pickle.UnpicklingError as error:
+        if is_refusal(error):
+            raise UnsafeCheckpointError(path, refusal_reason(error)) from None
+        raise DamagedCheckpointError(path, f"a file cannot be read ({str(error).splitlines()[0]})") from None
+
+
+def check_files(root: Path) -> None:
+    """Raise :class:`DamagedCheckpointError` naming the first ``.pt`` file under ``root`` that is not whole."""
+    from drivetrain.plugins.io.safe_loading import check_torch_file
+
+    for file in sorted(root.rglob("*.pt")):
+        check_torch_file(file)

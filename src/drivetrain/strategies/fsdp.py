@@ -339,20 +339,25 @@ class FSDPStrategy(ParallelStrategy):
         save_sharded(self, path, state)
 
     def load_state(
-        self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        *,
+        weights_only: bool = True,
     ) -> dict[str, Any]:
         """Load a sharded directory or a full file (whichever ``path`` is) into the live objects of ``state``."""
         from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint, load_sharded
 
         state = state if state is not None else {}
         if is_sharded_checkpoint(path):
-            return load_sharded(self, path, state, strict)
+            return load_sharded(self, path, state, strict, weights_only)
         if Path(path).is_dir():
             raise ValueError(
                 f"{path} is a directory but not a sharded checkpoint (no DCP .metadata inside). Pass the directory "
                 f"FSDPStrategy.save_state wrote, or a full checkpoint file."
             )
-        return super().load_state(path, state, strict)
+        return super().load_state(path, state, strict, weights_only=weights_only)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

@@ -66,11 +66,16 @@ def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]
 
 
 def load_sharded(
-    strategy: FSDPStrategy, path: str | Path, state: dict[str, Any], strict: bool
+    strategy: FSDPStrategy, path: str | Path, state: dict[str, Any], strict: bool, weights_only: bool = True
 ) -> dict[str, Any]:
-    """Restore the live objects in ``state`` from a sharded checkpoint; return its other plain entries."""
+    """Restore the live objects in ``state`` from a sharded checkpoint; return its other plain entries.
+
+    Safe by default: the metadata is read with an allow-list unpickler and checked against the
+    data files on every rank before DCP reads anything; ``weights_only=False`` reads it with
+    torch's plain unpickler (only for checkpoints from a trusted source).
+    """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -79,8 +84,13 @@ def load_sharded(
         set_optimizer_state_dict,
     )
 
+    from drivetrain.plugins.io.dcp import SafeFileSystemReader, SafeLoadPlanner, first_rank_error
+    from drivetrain.plugins.io.safe_loading import read_dcp_metadata
+
     path = Path(path)
-    header = strategy.checkpoint_io.load_checkpoint(path / STATE_FILE)
+    if weights_only:
+        read_dcp_metadata(path)  # every rank: a planted pickle or a missing shard fails here, not inside DCP
+    header = strategy.load_checkpoint(path / STATE_FILE, weights_only=weights_only)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(
             f"{path} is a DCP checkpoint, but not one drivetrain's FSDPStrategy wrote ({STATE_FILE})."
@@ -111,9 +121,16 @@ def load_sharded(
         else:
             targets[name] = get_optimizer_state_dict(strategy.module_for_optimizer(live), live)
     if targets:
-        dcp.load(
-            targets, checkpoint_id=os.fspath(path), planner=DefaultLoadPlanner(allow_partial_load=not strict)
-        )
+        if weights_only:
+            reader: Any = SafeFileSystemReader(os.fspath(path))
+            planner: Any = SafeLoadPlanner(path, allow_partial_load=not strict)
+        else:
+            reader, planner = (
+                FileSystemReader(os.fspath(path)),
+                DefaultLoadPlanner(allow_partial_load=not strict),
+            )
+        with first_rank_error():
+            dcp.load(targets, storage_reader=reader, planner=planner)
     options = StateDictOptions(strict=strict)
     for name, loaded in targets.items():
         live = state[name]
@@ -133,30 +150,41 @@ def load_sharded(
     return {name: value for name, value in values.items() if name not in state}
 
 
-def consolidate_fsdp_checkpoint(source: str | Path, destination: str | Path) -> Path:
+def consolidate_fsdp_checkpoint(
+    source: str | Path, destination: str | Path, weights_only: bool = True
+) -> Path:
     """Gather a sharded FSDP checkpoint into one ``torch.save`` file (runs in one process, no GPU).
 
     The file holds the same entries :meth:`FSDPStrategy.save_state` was given, as full tensors:
     modules as ordinary ``state_dict()`` s, optimizers as
     ``{"state": {parameter name: ...}, "param_groups": [...]}`` (load those on one device with
     ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``), plain values as saved.
+    Read safely unless ``weights_only=False``.
     """
-    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+    from drivetrain.plugins.io.dcp import load_whole_dcp_folder
+    from drivetrain.plugins.io.safe_loading import load_torch_file, read_dcp_metadata
     from drivetrain.plugins.io.torch_io import TorchCheckpointIO
 
     source, destination = Path(source), Path(destination)
-    io = TorchCheckpointIO()
-    header = io.load_checkpoint(source / STATE_FILE) if (source / STATE_FILE).is_file() else None
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    scratch = destination.with_name(f".{destination.name}.dcp-{os.getpid()}.tmp")
-    try:
-        dcp_to_torch_save(source, scratch)
-        checkpoint = torch.load(scratch, map_location="cpu", weights_only=True)
-    finally:
-        scratch.unlink(missing_ok=True)
+    header = (
+        load_torch_file(source / STATE_FILE, weights_only=weights_only)
+        if (source / STATE_FILE).is_file()
+        else None
+    )
+    if weights_only:
+        read_dcp_metadata(source)
+        checkpoint = load_whole_dcp_folder(source)
+    else:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        scratch = destination.with_name(f".{destination.name}.dcp-{os.getpid()}.tmp")
+        try:
+            dcp_to_torch_save(source, scratch)
+            checkpoint = load_torch_file(scratch, map_location="cpu", weights_only=False)
+        finally:
+            scratch.unlink(missing_ok=True)
     if header is not None:
         checkpoint.update(header["values"])
-    io.save_checkpoint(checkpoint, destination)
+    TorchCheckpointIO().save_checkpoint(checkpoint, destination)
     return destination

@@ -384,7 +384,12 @@ class Strategy:
         self.save_checkpoint(self._state_to_checkpoint(state), path, storage_options=storage_options)
 
     def load_state(
-        self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        *,
+        weights_only: bool = True,
     ) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save_state` into the live objects of ``state``.
 
@@ -392,10 +397,17 @@ class Strategy:
         place; plain values are replaced in ``state``. Returns the checkpoint's remaining entries
         (those not named in ``state``).
 
+        Args:
+            weights_only: read the checkpoint safely (tensors, containers, plain values and
+                allow-listed classes only). ``False`` unpickles anything, which can run code from
+                the file: only for checkpoints from a trusted source.
+
         Raises:
             KeyError: ``strict`` and an entry of ``state`` is missing from the checkpoint.
+            DamagedCheckpointError: the checkpoint is truncated, empty or not a checkpoint.
+            UnsafeCheckpointError: it holds objects safe loading refuses.
         """
-        checkpoint = self.load_checkpoint(path)
+        checkpoint = self.load_checkpoint(path, weights_only=weights_only)
         return self._checkpoint_into_state(checkpoint, state if state is not None else {}, strict)
 
     def _state_to_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -454,10 +466,25 @@ class Strategy:
             else:
                 self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
-    def load_checkpoint(self, path: str | Path, map_location: Any | None = None) -> dict[str, Any]:
-        if map_location is None:
-            return self.checkpoint_io.load_checkpoint(path)
-        return self.checkpoint_io.load_checkpoint(path, map_location=map_location)
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any | None = None, *, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Read the checkpoint file at ``path`` through the CheckpointIO (safely unless ``weights_only=False``)."""
+        # User CheckpointIOs written after the seeds take (path, map_location) only: pass the rest
+        # only when it differs from the default.
+        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
+        if not weights_only:
+            kwargs["weights_only"] = False
+        try:
+            return self.checkpoint_io.load_checkpoint(path, **kwargs)
+        except TypeError as error:
+            if weights_only or "weights_only" not in str(error):
+                raise
+            raise TypeError(
+                f"weights_only=False was requested, but {type(self.checkpoint_io).__name__}.load_checkpoint takes "
+                f"no weights_only argument: it decides itself how it unpickles. Load without weights_only=False, or "
+                f"give the CheckpointIO that argument."
+            ) from None
 
     def remove_checkpoint(self, path: str | Path) -> None:
         if self.is_global_zero:

@@ -91,7 +91,7 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     for index, optimizer in enumerate(trainer._optimizers):
         live[f"optimizer_{index}"] = optimizer
     try:
-        rest = trainer.strategy.load_state(path, live, strict=True)
+        rest = _load(trainer, path, live)
     except KeyError as error:
         raise ValueError(
             f"Cannot resume training from '{path}': {error.args[0]} A checkpoint saved with weights_only=True (or by "
@@ -130,8 +130,22 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
 
 def restore_weights(trainer: Trainer, path: str | Path) -> None:
     """Load only the module's weights (for validate/test/predict with ``ckpt_path``)."""
-    rest = trainer.strategy.load_state(path, {"state_dict": trainer._model}, strict=True)
+    rest = _load(trainer, path, {"state_dict": trainer._model})
     trainer._hooks.call("on_load_checkpoint", rest)
+
+
+def _load(trainer: Trainer, path: str | Path, live: dict[str, Any]) -> dict[str, Any]:
+    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+
+    fn = trainer.state.fn.value if trainer.state.fn is not None else "fit"
+    safe = trainer._ckpt_weights_only
+    try:
+        # Passed only when it differs from the default: a user strategy's load_state may predate it.
+        if safe:
+            return trainer.strategy.load_state(path, live, strict=True)
+        return trainer.strategy.load_state(path, live, strict=True, weights_only=False)
+    except UnsafeCheckpointError as error:
+        raise error.with_opt_out(f"Trainer.{fn}(..., ckpt_path=..., weights_only=False)") from None
 
 
 def _version() -> str:

@@ -127,10 +127,15 @@ def hyperparameters_for_checkpoint(hparams: Mapping[str, Any]) -> dict[str, Any]
 
 
 def load_module_from_checkpoint(
-    cls: type, checkpoint_path: str | Path, map_location: Any, strict: bool, overrides: dict[str, Any]
+    cls: type,
+    checkpoint_path: str | Path,
+    map_location: Any,
+    strict: bool,
+    overrides: dict[str, Any],
+    weights_only: bool | None = None,
 ) -> Any:
     """Build ``cls`` from the hyperparameters saved in a Trainer checkpoint and load its weights."""
-    from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError, load_torch_file
 
     path = Path(checkpoint_path)
     if path.is_dir():
@@ -139,7 +144,16 @@ def load_module_from_checkpoint(
             f"load it with Trainer.fit(model, ckpt_path=...) under the strategy that wrote it, or consolidate it "
             f"into one file first."
         )
-    checkpoint = TorchCheckpointIO().load_checkpoint(path, map_location=map_location or "cpu")
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise TypeError(
+            f"load_from_checkpoint(weights_only={weights_only!r}): use True, False or None (safe)."
+        )
+    try:
+        checkpoint = load_torch_file(
+            path, map_location=map_location or "cpu", weights_only=weights_only is not False
+        )
+    except UnsafeCheckpointError as error:
+        raise error.with_opt_out(f"{cls.__name__}.load_from_checkpoint(path, weights_only=False)") from None
     if "state_dict" not in checkpoint:
         raise ValueError(
             f"'{path}' has no 'state_dict' entry (it has {', '.join(map(repr, checkpoint))}); it was not written "

@@ -354,10 +354,15 @@ class TrainingModule(nn.Module):
         checkpoint_path: str | Path,
         map_location: Any = None,
         strict: bool = True,
+        weights_only: bool | None = None,
         **kwargs: Any,
     ) -> M:
-        """Build the module from a Trainer checkpoint: saved hyperparameters (``kwargs`` override them), then weights."""
-        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, kwargs)
+        """Build the module from a Trainer checkpoint: saved hyperparameters (``kwargs`` override them), then weights.
+
+        The file is read safely (``weights_only`` ``None``/``True``); ``weights_only=False``
+        unpickles anything, which can run code from it: only for checkpoints you trust.
+        """
+        return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
 
     # -- pickling (spawned processes, deepcopy) ---------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -197,6 +197,7 @@ class Trainer(TrainerProperties):
         self._batch_to_device: Any = None
         self._ckpt_path: str | None = None
         self._ckpt_request: str | None = None
+        self._ckpt_weights_only = True
         self._validations_run = 0
         self._restored = False
         self._pending_rng: dict[str, Any] | None = None
@@ -212,6 +213,7 @@ class Trainer(TrainerProperties):
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
     ) -> None:
         """Train ``model``, validating as configured.
 
@@ -222,11 +224,20 @@ class Trainer(TrainerProperties):
             datamodule: provides the loaders instead.
             ckpt_path: resume from this checkpoint, or ``"last"`` for the newest ``last.ckpt``
                 of the checkpoint callbacks (a warning, and a fresh start, when there is none).
+            weights_only: read the checkpoint safely (``None``/``True``: tensors, plain values and
+                allow-listed classes only). ``False`` unpickles anything, which can run code from
+                the file: only for checkpoints from a trusted source.
         """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
         self._begin(
-            TrainerFn.FITTING, model, datamodule, ckpt_path, train=train_dataloaders, val=val_dataloaders
+            TrainerFn.FITTING,
+            model,
+            datamodule,
+            ckpt_path,
+            weights_only,
+            train=train_dataloaders,
+            val=val_dataloaders,
         )
         self._launch()
 
@@ -237,9 +248,12 @@ class Trainer(TrainerProperties):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run validation once; returns one dict of epoch metrics per loader (reduced across processes)."""
-        return self._evaluate(TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule, "val")
+        return self._evaluate(
+            TrainerFn.VALIDATING, model, dataloaders, ckpt_path, verbose, datamodule, "val", weights_only
+        )
 
     def test(
         self,
@@ -248,9 +262,12 @@ class Trainer(TrainerProperties):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run the test loop; returns one dict of epoch metrics per loader (reduced across processes)."""
-        return self._evaluate(TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule, "test")
+        return self._evaluate(
+            TrainerFn.TESTING, model, dataloaders, ckpt_path, verbose, datamodule, "test", weights_only
+        )
 
     def predict(
         self,
@@ -259,6 +276,7 @@ class Trainer(TrainerProperties):
         datamodule: DataModule | None = None,
         return_predictions: bool = True,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
     ) -> Any:
         """Run ``predict_step`` over the data; returns the outputs of all processes, in dataset order.
 
@@ -268,7 +286,7 @@ class Trainer(TrainerProperties):
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
         self._return_predictions = return_predictions
-        self._begin(TrainerFn.PREDICTING, model, datamodule, ckpt_path, predict=dataloaders)
+        self._begin(TrainerFn.PREDICTING, model, datamodule, ckpt_path, weights_only, predict=dataloaders)
         return self._launch()
 
     def _evaluate(
@@ -280,10 +298,11 @@ class Trainer(TrainerProperties):
         verbose: bool,
         datamodule: DataModule | None,
         prefix: str,
+        weights_only: bool | None,
     ) -> list[dict[str, float]]:
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        self._begin(fn, model, datamodule, ckpt_path, **{prefix: dataloaders})
+        self._begin(fn, model, datamodule, ckpt_path, weights_only, **{prefix: dataloaders})
         results = self._launch()
         if verbose and self.is_global_zero:
             from drivetrain.trainer.summary_table import print_results
@@ -297,6 +316,7 @@ class Trainer(TrainerProperties):
         model: TrainingModule | None,
         datamodule: DataModule | None,
         ckpt_path: str | Path | None,
+        weights_only: bool | None,
         **loaders: Any,
     ) -> None:
         if model is None:
@@ -318,7 +338,12 @@ class Trainer(TrainerProperties):
                 )
         if ckpt_path == "best" and fn == TrainerFn.FITTING:
             raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
+        if weights_only is not None and not isinstance(weights_only, bool):
+            raise TypeError(
+                f"Trainer.{fn.value}(weights_only={weights_only!r}): use True, False or None (safe)."
+            )
         self._ckpt_request = ckpt_path
+        self._ckpt_weights_only = weights_only is not False
         self.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
         if fn == TrainerFn.FITTING:
             self.should_stop = False

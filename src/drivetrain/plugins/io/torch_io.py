@@ -9,7 +9,6 @@ code from the file, unless the caller opts out explicitly.
 from __future__ import annotations
 
 import os
-import pickle
 import secrets
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.plugins.io.safe_loading import load_torch_file
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -72,24 +72,11 @@ class TorchCheckpointIO(CheckpointIO):
 
         Raises:
             FileNotFoundError: if there is nothing at ``path``.
-            pickle.UnpicklingError: if the file holds objects ``weights_only`` loading refuses;
-                the message says how to allow them.
+            DamagedCheckpointError: the file is empty, truncated or not a checkpoint.
+            UnsafeCheckpointError: (a ``pickle.UnpicklingError``) the file holds objects
+                ``weights_only`` loading refuses; the message says how to allow them.
         """
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{path.resolve()}').")
-        try:
-            return torch.load(path, map_location=map_location, weights_only=weights_only)
-        except pickle.UnpicklingError as error:
-            if not weights_only:
-                raise
-            raise pickle.UnpicklingError(
-                f"The checkpoint '{path}' holds objects that safe loading (weights_only=True) refuses: "
-                f"{_refusal_reason(error)} If you trust the classes it names, allow them with "
-                f"torch.serialization.add_safe_globals([...]) before loading; if you trust the whole "
-                f"file, load it with load_checkpoint(path, weights_only=False) (unpickling can then "
-                f"run arbitrary code)."
-            ) from error
+        return load_torch_file(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete the checkpoint file (or sharded checkpoint directory) at ``path``.
@@ -114,14 +101,6 @@ def reject_storage_options(io: CheckpointIO, storage_options: Any | None) -> Non
             f"{type(io).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}. "
             f"Leave the argument out, or use a CheckpointIO that understands them."
         )
-
-
-def _refusal_reason(error: pickle.UnpicklingError) -> str:
-    # torch's message is long and tells the reader to call torch.load; keep only its diagnosis.
-    for line in str(error).splitlines():
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].strip()
-    return str(error).strip()
 
 
 def _fsync_directory(directory: Path) -> None:
