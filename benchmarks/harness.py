@@ -15,11 +15,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.cases.common import CONFIG_VARIABLE, RESULT_PREFIX, START_VARIABLE
+from benchmarks.sources import Source, default_source
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,13 +51,24 @@ _SCRUBBED = (
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of doing the same work: a command line plus settings merged into the case's config."""
+    """One way of doing the same work: a command line plus settings merged into the case's config.
+
+    ``source``: the drivetrain tree the variant measures (put first on ``PYTHONPATH`` and checked
+    against the module the sample imported); None for variants without drivetrain.
+    """
 
     name: str
     label: str
     command: tuple[str, ...]
     config: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    source: Source | None = None
+
+    def from_source(self, source: Source) -> Variant:
+        """This variant measuring ``source``: its name and label say which tree (``@before``)."""
+        return replace(
+            self, name=self.name + source.suffix, label=self.label + source.label_suffix, source=source
+        )
 
 
 @dataclass
@@ -131,6 +143,8 @@ class Runner:
             timeout = min(timeout, left)
         env = dict(self.env)
         env.update(variant.env)
+        if variant.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(variant.source.path), env["PYTHONPATH"]])
         env[CONFIG_VARIABLE] = json.dumps({**config, **variant.config})
         # The samples run in a scratch directory: frameworks that write logs or configs to the
         # working directory must not litter the repository.
@@ -166,6 +180,17 @@ class Runner:
             last = lines[-1].strip() if lines else ""
             tail = "\n".join(lines[-12:])
             return Sample(variant.name, round_index, wall, error=f"{reason}: {last}\n{tail}")
+        if variant.source is not None and not variant.source.owns(result.get("drivetrain_file")):
+            return Sample(
+                variant.name,
+                round_index,
+                wall,
+                error=(
+                    f"imported drivetrain from {result.get('drivetrain_file')}, not from {variant.source.path}: "
+                    f"another drivetrain shadows the tree under test (check PYTHONPATH and .pth files of "
+                    f"{variant.command[0]})"
+                ),
+            )
         return Sample(variant.name, round_index, wall, result=result)
 
     def interleave(
@@ -223,6 +248,8 @@ class Context:
         gpu_dry_run: run the GPU case's scripts on the CPU with a tiny model (checks, no numbers).
         only: run just these variant names (plus each case's reference); None runs all.
         deadline: ``time.monotonic()`` after which no new sample starts (``--time-limit``).
+        sources: the drivetrain trees to measure (``--drivetrain-src``); the first is the baseline.
+        rounds: fresh-process rounds per case instead of each case's default (``--rounds``).
     """
 
     quick: bool
@@ -232,12 +259,22 @@ class Context:
     only: frozenset[str] | None = None
     deadline: float | None = None
     log: Callable[[str], None] = print
+    sources: tuple[Source, ...] = field(default_factory=lambda: (default_source(),))
+    rounds: int | None = None
+
+    def per_source(self, variant: Variant) -> list[Variant]:
+        """One copy of a drivetrain variant per source tree (named ``name@source`` when several)."""
+        return [variant.from_source(source) for source in self.sources]
 
     def select(self, variants: Sequence[Variant], *references: str) -> list[Variant]:
         """The variants ``--only`` names (all without it); references always stay, to compare with."""
         if self.only is None:
             return list(variants)
-        return [v for v in variants if v.name in self.only or v.name in references]
+        return [
+            v
+            for v in variants
+            if v.name in self.only or v.name.split("@")[0] in self.only or v.name in references
+        ]
 
     @property
     def cores(self) -> int:

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.intervals import Decision, Interval, Measurement, Scale
 from benchmarks.stats import Summary
 
 
@@ -28,27 +29,29 @@ class Table:
 
 
 @dataclass
-class Target:
-    """A performance goal and what this run measured against it (a miss is a finding, not a failure)."""
-
-    what: str
-    limit: str
-    measured: str
-    met: bool | None  # None: not measured (a variant failed or was not run)
-
-
-@dataclass
 class CaseResult:
     name: str
     title: str
     description: str
     tables: list[Table] = field(default_factory=list)
-    targets: list[Target] = field(default_factory=list)
+    # Every number with its evidence; those with a limit are the targets.
+    measurements: list[Measurement] = field(default_factory=list)
     # Fairness violations and failed variants: these make the run exit non-zero.
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The machine's load before and after the case (benchmarks.load), and the warning if any.
+    load: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
+
+    def measurement(self, key: str) -> Measurement | None:
+        return next((m for m in self.measurements if m.key == key), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload["measurements"] = [m.as_dict() for m in self.measurements]
+        return payload
 
 
 # ---------------------------------------------------------------- formatting
@@ -97,8 +100,50 @@ def fmt_delta(value: float | None) -> str:
     return ("+" if value >= 0 else "−") + fmt_seconds(abs(value))
 
 
-def target_mark(met: bool | None) -> str:
-    return {True: "met", False: "**missed**", None: "not measured"}[met]
+def decision_mark(decision: Decision | None) -> str:
+    if decision is None:
+        return ""
+    return "**missed**" if decision is Decision.MISSED else decision.value
+
+
+def fmt_value(value: float | None, scale: Scale, unit: str, *, signed: bool = False) -> str:
+    """One number of a measurement in its unit: ``1.021×``, ``+97.9 ms``, ``2.51 M``."""
+    if value is None:
+        return "—"
+    if scale is Scale.RATIO or unit.startswith("×"):
+        return f"{value:.3f}×"
+    if unit == "s":
+        return fmt_delta(value) if signed else fmt_seconds(value)
+    if unit == "instructions":
+        return f"{value / 1e6:.3f} M" if abs(value) >= 1e5 else f"{value:,.0f}"
+    return f"{value:.4g} {unit}"
+
+
+def fmt_interval(interval: Interval | None, scale: Scale, unit: str, *, signed: bool = False) -> str:
+    """``estimate [low, high]`` (95 %); one round has no interval and says so."""
+    if interval is None:
+        return "—"
+    estimate = fmt_value(interval.estimate, scale, unit, signed=signed)
+    if interval.low is None or interval.high is None:
+        return f"{estimate} (one round: no interval)"
+    if scale is Scale.EXACT and interval.low == interval.high:
+        return estimate
+    low = fmt_value(interval.low, scale, unit, signed=signed)
+    high = fmt_value(interval.high, scale, unit, signed=signed)
+    return f"{estimate} [{low}, {high}]"
+
+
+def fmt_measurement(measurement: Measurement | None, *, signed: bool = False) -> str:
+    if measurement is None:
+        return "—"
+    return fmt_interval(measurement.interval, measurement.scale, measurement.unit, signed=signed)
+
+
+def fmt_limit(measurement: Measurement) -> str:
+    assert measurement.limit is not None
+    if measurement.scale is Scale.RATIO:
+        return f"≤ {measurement.limit:g}{measurement.unit}"
+    return "≤ " + fmt_value(measurement.limit, measurement.scale, measurement.unit, signed=True)
 
 
 # ---------------------------------------------------------------- machine
@@ -167,11 +212,36 @@ def render_markdown(title: str, machine: dict[str, Any], results: Sequence[CaseR
         lines.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     if versions:
         lines.append("")
-    lines += ["Times are medians over fresh processes, with (min–max); ratios are median over median.", ""]
-    targets = [(r, t) for r in results for t in r.targets]
+    for name, info in machine.get("drivetrain_sources", {}).items():
+        lines.append(
+            f"- drivetrain tree `{name}`: {info.get('path')} ({info.get('commit') or 'not a git checkout'})"
+        )
+    if machine.get("drivetrain_sources"):
+        lines.append("")
+    lines += [
+        "Times: medians over fresh processes with (min–max). Ratios and differences: 20 % trimmed means of "
+        "the paired rounds with their 95 % bootstrap interval [low, high]; a target is met or missed only "
+        "when its whole interval is on one side of the limit, undecided otherwise.",
+        "",
+    ]
+    if any(r.warnings for r in results):
+        lines += ["**Warnings:**", ""]
+        lines += [f"- {w}" for r in results for w in r.warnings]
+        lines.append("")
+    targets = [m for r in results for m in r.measurements if m.limit is not None]
     if targets:
-        lines += ["## Targets", "", "| target | limit | measured | |", "|---|---|---|---|"]
-        lines += [f"| {t.what} | {t.limit} | {t.measured} | {target_mark(t.met)} |" for _, t in targets]
+        lines += [
+            "## Targets",
+            "",
+            "| target | limit | measured [95 % interval] | rounds | decision |",
+            "|---|---|---|---|---|",
+        ]
+        for m in targets:
+            units = m.interval.units if m.interval else 0
+            lines.append(
+                f"| {m.label} | {fmt_limit(m)} | {fmt_measurement(m, signed=m.unit == 's')} | {units} | "
+                f"{decision_mark(m.decision)} |"
+            )
         lines.append("")
     for result in results:
         lines += [f"## {result.title}", ""]
@@ -179,6 +249,8 @@ def render_markdown(title: str, machine: dict[str, Any], results: Sequence[CaseR
             lines += [f"Skipped: {result.skipped}", ""]
             continue
         lines += [result.description, ""]
+        if result.load:
+            lines += [_load_line(result.load), ""]
         for table in result.tables:
             lines += render_table(table)
         if result.problems:
@@ -199,6 +271,17 @@ def render_table(table: Table) -> list[str]:
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table.rows]
     lines.append("")
     return lines
+
+
+def _load_line(load: dict[str, Any]) -> str:
+    def one(reading: dict[str, Any] | None) -> str:
+        if not reading or reading.get("runnable") is None:
+            return "not readable"
+        busy = "" if reading.get("busy") is None else f", CPU {reading['busy']:.0%} busy"
+        mark = " (**busy**)" if reading.get("too_busy") else ""
+        return f"{reading['runnable']:.1f} runnable tasks besides the suite{busy}{mark}"
+
+    return f"Machine load before: {one(load.get('before'))}; after: {one(load.get('after'))}."
 
 
 def _machine_line(machine: dict[str, Any]) -> str:
@@ -224,7 +307,7 @@ def write_results(
     directory.mkdir(parents=True, exist_ok=True)
     json_path = directory / f"{stem}.json"
     md_path = directory / f"{stem}.md"
-    payload = {"title": title, "machine": machine, "cases": [asdict(r) for r in results]}
+    payload = {"title": title, "machine": machine, "cases": [r.as_dict() for r in results]}
     json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     md_path.write_text(render_markdown(title, machine, results))
     return json_path, md_path

@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001 (units use typographic signs on purpose)
 """Turns the samples of a training benchmark into summaries, fairness checks and table rows.
 
 Shared by the cases whose scripts train (step time, DDP, GPU): each sample reports step times,
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.harness import Sample, Variant
+from benchmarks.intervals import Measurement, Scale, paired_differences, paired_log_ratios
 from benchmarks.stats import Summary, check_same_loss, check_step_counts, summarize
 
 METRICS = (
@@ -96,3 +98,51 @@ def raw_samples(samples: Mapping[str, Sequence[Sample]]) -> dict[str, list[dict[
         ]
         for name, runs in samples.items()
     }
+
+
+def by_round(runs: Sequence[Sample], metric: str) -> dict[int, float]:
+    """round -> the metric's value in that round (rounds whose sample failed or lacks it are absent)."""
+    return {s.round: float(s.get(metric)) for s in runs if s.error is None and s.get(metric) is not None}
+
+
+def paired_values(
+    samples: Mapping[str, Sequence[Sample]], name: str, reference: str, metric: str
+) -> tuple[list[float], list[float]]:
+    """The variant's and the reference's values of ``metric`` in the rounds where both have one."""
+    mine, theirs = by_round(samples.get(name, ()), metric), by_round(samples.get(reference, ()), metric)
+    rounds = sorted(set(mine) & set(theirs))
+    return [mine[r] for r in rounds], [theirs[r] for r in rounds]
+
+
+def ratio_measurement(
+    key: str,
+    label: str,
+    samples: Mapping[str, Sequence[Sample]],
+    name: str,
+    reference: str,
+    metric: str,
+    *,
+    reference_label: str = "raw",
+    limit: float | None = None,
+) -> Measurement:
+    """``metric`` of ``name`` over the reference's, round by round (one process per round)."""
+    values, references = paired_values(samples, name, reference, metric)
+    ratios = paired_log_ratios(values, references)
+    return Measurement(key, label, Scale.RATIO, f"× {reference_label}", [[r] for r in ratios], limit)
+
+
+def difference_measurement(
+    key: str,
+    label: str,
+    samples: Mapping[str, Sequence[Sample]],
+    name: str,
+    reference: str,
+    metric: str,
+    *,
+    limit: float | None = None,
+) -> Measurement:
+    """``metric`` of ``name`` minus the reference's, round by round, in seconds."""
+    values, references = paired_values(samples, name, reference, metric)
+    return Measurement(
+        key, label, Scale.LINEAR, "s", [[d] for d in paired_differences(values, references)], limit
+    )

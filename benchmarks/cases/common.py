@@ -178,6 +178,16 @@ def report(
         torch=torch.__version__,
         python=".".join(map(str, sys.version_info[:3])),
         threads=torch.get_num_threads(),
+        drivetrain_file=drivetrain_file(),
         **extra,
     )
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def drivetrain_file() -> str | None:
+    """Where the ``drivetrain`` this process imported lives (None if it imported none).
+
+    The harness checks it against the source tree the variant was meant to measure.
+    """
+    module = sys.modules.get("drivetrain")
+    return getattr(module, "__file__", None)

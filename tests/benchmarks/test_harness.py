@@ -1,13 +1,16 @@
+# ruff: noqa: RUF001 (units use typographic signs on purpose)
 """The harness runs variants as fresh processes, interleaved, and reads their result lines."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
+import pytest
 from benchmarks.harness import Runner, Sample, Variant, parse_result
-from benchmarks.training import analyse
+from benchmarks.training import analyse, difference_measurement, ratio_measurement
 
 # A stand-in benchmark script: echoes its config back, plus the start time it was given.
 ECHO = (
@@ -107,3 +110,20 @@ def test_analysis_flags_unfair_comparisons_and_failures() -> None:
     assert any("short sample 0: took 9 optimizer steps" in p for p in problems)
     assert any(p.startswith("drifted sample 0: final loss 0.3") for p in problems)
     assert json.dumps(stats["raw"].as_dict())  # serialisable for the JSON file
+
+
+def test_ratios_pair_each_variant_with_the_reference_of_the_same_round() -> None:
+    def run(name: str, round_index: int, step_s: float | None) -> Sample:
+        return Sample(name, round_index, 1.0, result={} if step_s is None else {"step_s": step_s})
+
+    samples = {
+        "raw": [run("raw", 0, 1.0), run("raw", 1, 2.0), run("raw", 2, 4.0)],
+        # Round 1 lacks a value, round 3 has no raw sample: both are left out, never shifted.
+        "x": [run("x", 0, 1.1), run("x", 1, None), run("x", 2, 4.4), run("x", 3, 9.9)],
+    }
+    measurement = ratio_measurement("case/t/x/step_s", "x", samples, "x", "raw", "step_s", limit=1.2)
+    assert measurement.groups == [[pytest.approx(math.log(1.1))], [pytest.approx(math.log(1.1))]]
+    assert measurement.interval.estimate == pytest.approx(1.1)
+    assert measurement.unit == "× raw"
+    difference = difference_measurement("case/t/x/first", "x", samples, "x", "raw", "step_s")
+    assert [g[0] for g in difference.groups] == [pytest.approx(0.1), pytest.approx(0.4)]

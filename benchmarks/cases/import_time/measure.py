@@ -26,6 +26,7 @@ result = {
     "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "modules": len(sys.modules),
     "torch": torch.__version__,
+    "drivetrain_file": getattr(sys.modules.get("drivetrain"), "__file__", None),
 }
 # Same marker as benchmarks.cases.common.RESULT_PREFIX (not imported: it would import torch first).
 print("BENCH_RESULT " + json.dumps(result), flush=True)

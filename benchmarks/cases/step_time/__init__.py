@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.harness import Context, Variant
-from benchmarks.report import CaseResult, Table, Target, fmt_ratio, fmt_summary
-from benchmarks.stats import ratio
-from benchmarks.training import VariantStats, analyse, raw_samples
+from benchmarks.harness import Context, Sample, Variant
+from benchmarks.intervals import Measurement
+from benchmarks.report import CaseResult, Table, fmt_measurement, fmt_summary
+from benchmarks.training import VariantStats, analyse, ratio_measurement, raw_samples
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -22,10 +22,16 @@ SCRIPTS = Path(__file__).resolve().parent
 LOSS_REL_TOL = 1e-6
 
 # (model, warm-up steps, timed steps, batch size, learning rate, rounds) for full and quick runs.
+# Rounds (README, "How many rounds"): fresh processes of one program differ by several percent
+# (on an idle machine the wide MLP's per-process mean ranged 9.8 to 11.8 ms), so no affordable number
+# of rounds resolves the wide MLP's 0.5 % limit, and the tiny MLP's targets are decided by the
+# in-process A/B case; these rounds give command-to-first-step, memory and a second, wider view.
 SETTINGS = {
     "tiny": {"full": (100, 800, 64, 0.05, 3), "quick": (50, 300, 64, 0.05, 1)},
-    "wide": {"full": (5, 40, 64, 0.01, 3), "quick": (3, 15, 64, 0.01, 1)},
+    "wide": {"full": (5, 40, 64, 0.01, 4), "quick": (3, 15, 64, 0.01, 1)},
 }
+# Targets decided here (the tiny MLP's are the A/B case's): variant -> limit on the ratio to raw.
+LIMITS = {"wide": {"drivetrain_trainer": 1.005, "drivetrain_accelerator": 1.005}}
 
 TITLES = {
     "tiny": "tiny MLP 32→64→1 (overhead-bound)",
@@ -43,12 +49,9 @@ def variants(context: Context, *, with_logging: bool) -> list[Variant]:
         assert context.peers_python is not None
         return Variant(name, label, (context.peers_python, str(SCRIPTS / script)), config=config)
 
-    chosen = [
-        own("raw", "raw PyTorch", "raw.py"),
-        own("drivetrain_trainer", "drivetrain Trainer", "drivetrain_trainer.py"),
-    ]
+    drivetrain = [own("drivetrain_trainer", "drivetrain Trainer", "drivetrain_trainer.py")]
     if with_logging:
-        chosen.append(
+        drivetrain.append(
             own(
                 "drivetrain_trainer_log",
                 "drivetrain Trainer + self.log",
@@ -56,7 +59,9 @@ def variants(context: Context, *, with_logging: bool) -> list[Variant]:
                 log_metric=True,
             )
         )
-    chosen.append(own("drivetrain_accelerator", "drivetrain Accelerator", "drivetrain_accelerator.py"))
+    drivetrain.append(own("drivetrain_accelerator", "drivetrain Accelerator", "drivetrain_accelerator.py"))
+    chosen = [own("raw", "raw PyTorch", "raw.py")]
+    chosen += [copy for variant in drivetrain for copy in context.per_source(variant)]
     if context.peers_python is not None:
         chosen.append(peer("lightning_trainer", "Lightning Trainer", "lightning_trainer.py"))
         if with_logging:
@@ -90,6 +95,7 @@ def run(context: Context) -> CaseResult:
     try:
         for model in ("tiny", "wide"):
             warmup, timed, batch, lr, rounds = SETTINGS[model]["quick" if context.quick else "full"]
+            rounds = context.rounds or rounds
             config = {
                 "model": model,
                 "warmup_steps": warmup,
@@ -107,8 +113,11 @@ def run(context: Context) -> CaseResult:
                 chosen, samples, reference="raw", expected_steps=warmup + timed, rel_tol=LOSS_REL_TOL
             )
             result.problems += [f"[{model}] {p}" for p in problems]
-            result.tables.append(_table(f"{TITLES[model]}: {warmup}+{timed} steps, {rounds} rounds", stats))
-            result.targets += _targets(model, stats)
+            measurements = _measurements(model, chosen, samples, stats)
+            result.measurements += measurements
+            result.tables.append(
+                _table(f"{TITLES[model]}: {warmup}+{timed} steps, {rounds} rounds", stats, measurements)
+            )
             result.data[model] = {
                 "config": config,
                 "rounds": rounds,
@@ -122,8 +131,27 @@ def run(context: Context) -> CaseResult:
     return result
 
 
-def _table(title: str, stats: dict[str, VariantStats]) -> Table:
-    raw = stats["raw"]["step_s"] if "raw" in stats else None
+def _measurements(
+    model: str, chosen: list[Variant], samples: dict[str, list[Sample]], stats: dict[str, VariantStats]
+) -> list[Measurement]:
+    limits = LIMITS.get(model, {})
+    return [
+        ratio_measurement(
+            f"step_time/{model}/{variant.name}/step_s",
+            f"{variant.label}, {TITLES[model]}",
+            samples,
+            variant.name,
+            "raw",
+            "step_s",
+            limit=limits.get(variant.name.split("@")[0]),
+        )
+        for variant in chosen
+        if variant.name != "raw" and stats[variant.name].error is None
+    ]
+
+
+def _table(title: str, stats: dict[str, VariantStats], measurements: list[Measurement]) -> Table:
+    ratios = {m.key.split("/")[2]: m for m in measurements}
     rows = []
     for item in stats.values():
         if item.error is not None:
@@ -133,7 +161,7 @@ def _table(title: str, stats: dict[str, VariantStats]) -> Table:
             [
                 item.label,
                 fmt_summary(item["step_s"]),
-                fmt_ratio(ratio(item["step_s"], raw)),
+                "1" if item.name == "raw" else fmt_measurement(ratios.get(item.name)),
                 fmt_summary(item["step_median_s"]),
                 fmt_summary(item["first_step_s"]),
                 fmt_summary(item["max_rss_mib"], "MiB"),
@@ -143,31 +171,10 @@ def _table(title: str, stats: dict[str, VariantStats]) -> Table:
     header = [
         "variant",
         "step time",
-        "× raw",
+        "× raw [95 %]",
         "median step interval",
         "command → first step",
         "max RSS",
         "final loss",
     ]
     return Table(title, header, rows)
-
-
-def _targets(model: str, stats: dict[str, VariantStats]) -> list[Target]:
-    limits = {
-        "tiny": [("drivetrain_trainer_log", 1.05), ("drivetrain_accelerator", 1.02)],
-        "wide": [("drivetrain_trainer", 1.005), ("drivetrain_accelerator", 1.005)],
-    }[model]
-    targets = []
-    raw = stats["raw"]["step_s"] if "raw" in stats else None
-    for name, limit in limits:
-        item = stats.get(name)
-        measured = ratio(item["step_s"], raw) if item is not None else None
-        targets.append(
-            Target(
-                what=f"{item.label if item else name}, {TITLES[model]}",
-                limit=f"≤ {limit}× raw",
-                measured=fmt_ratio(measured),
-                met=None if measured is None else measured <= limit,
-            )
-        )
-    return targets

@@ -3,13 +3,14 @@
 Under a launcher (``accelerate launch`` / ``drivetrain launch``) the same script runs DDP.
 """
 
+from torch import nn
+
 import drivetrain as dt
 from benchmarks.cases import common
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = common.StepClock()
+def train(config: dict) -> tuple[nn.Module, int]:
+    """Train for ``config["total_steps"]`` steps; the trained module and this process's rank."""
     accelerator = dt.Accelerator(cpu=True)
     model = common.build_model(config)
     optimizer = common.build_optimizer(model, config)
@@ -19,7 +20,14 @@ def main() -> None:
         loss = common.loss_fn(model(features), targets)
         accelerator.backward(loss)
         optimizer.step()
-    common.report(config, clock, accelerator.unwrap_model(model), rank=accelerator.process_index)
+    return accelerator.unwrap_model(model), accelerator.process_index
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    model, rank = train(config)
+    common.report(config, clock, model, rank=rank)
 
 
 if __name__ == "__main__":

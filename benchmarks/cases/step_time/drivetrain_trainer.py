@@ -3,6 +3,8 @@
 With ``devices`` > 1 it runs DDP through its own launch (the script re-runs itself per rank).
 """
 
+from torch import nn
+
 import drivetrain as dt
 from benchmarks.cases import common
 
@@ -25,9 +27,8 @@ class Module(dt.TrainingModule):
         return common.build_optimizer(self.net, self.config)
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = common.StepClock()
+def train(config: dict) -> tuple[nn.Module, int]:
+    """Train for ``config["total_steps"]`` steps; the trained network and this process's rank."""
     module = Module(config, log_metric=config.get("log_metric", False))
     devices = config.get("devices", 1)
     trainer = dt.Trainer(
@@ -42,7 +43,14 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(module, common.build_loader(config))
-    common.report(config, clock, module.net, rank=trainer.global_rank)
+    return module.net, trainer.global_rank
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    model, rank = train(config)
+    common.report(config, clock, model, rank=rank)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,13 @@ With ``devices`` > 1 in the config, Fabric launches the other processes itself (
 """
 
 from lightning.fabric import Fabric
+from torch import nn
 
 from benchmarks.cases import common
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = common.StepClock()
+def train(config: dict) -> tuple[nn.Module, int]:
+    """Train for ``config["total_steps"]`` steps; the trained module and this process's rank."""
     devices = config.get("devices", 1)
     fabric = Fabric(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto")
     fabric.launch()
@@ -23,7 +23,14 @@ def main() -> None:
         loss = common.loss_fn(model(features), targets)
         fabric.backward(loss)
         optimizer.step()
-    common.report(config, clock, model.module, rank=fabric.global_rank)
+    return model.module, fabric.global_rank
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    model, rank = train(config)
+    common.report(config, clock, model, rank=rank)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ with an unshuffled ``DistributedSampler`` itself, as Lightning users do to keep 
 """
 
 import lightning as L
+from torch import nn
 from torch.utils.data import DistributedSampler
 
 from benchmarks.cases import common
@@ -40,9 +41,8 @@ class Module(L.LightningModule):
         return common.build_optimizer(self.net, self.config)
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = common.StepClock()
+def train(config: dict) -> tuple[nn.Module, int]:
+    """Train for ``config["total_steps"]`` steps; the trained network and this process's rank."""
     module = Module(config, log_metric=config.get("log_metric", False))
     devices = config.get("devices", 1)
     trainer = L.Trainer(
@@ -59,7 +59,14 @@ def main() -> None:
         use_distributed_sampler=False,
     )
     trainer.fit(module)
-    common.report(config, clock, module.net, rank=trainer.global_rank)
+    return module.net, trainer.global_rank
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    model, rank = train(config)
+    common.report(config, clock, model, rank=rank)
 
 
 if __name__ == "__main__":

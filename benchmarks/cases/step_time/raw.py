@@ -8,15 +8,18 @@ process group, wraps the model in ``DistributedDataParallel`` and shards the dat
 import os
 
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from benchmarks.cases import common
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = common.StepClock()
+def train(config: dict) -> tuple[nn.Module, int]:
+    """Train for ``config["total_steps"]`` steps; the trained module and this process's rank.
+
+    Under torchrun the process group is left open for the caller (rank 0 reports before it goes).
+    """
     distributed = "RANK" in os.environ
     model = common.build_model(config)
     dataset = common.build_dataset(config)
@@ -32,9 +35,15 @@ def main() -> None:
         loss = common.loss_fn(train_model(features), targets)
         loss.backward()
         optimizer.step()
-    rank = dist.get_rank() if distributed else 0
+    return model, dist.get_rank() if distributed else 0
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = common.StepClock()
+    model, rank = train(config)
     common.report(config, clock, model, rank=rank)
-    if distributed:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
