@@ -13,13 +13,14 @@ import json
 import os
 import re
 import secrets
-import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from drivetrain.plugins.io.atomic import is_complete, remove, resolve
 from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
 
 if TYPE_CHECKING:
@@ -45,9 +46,11 @@ def save_state(accelerator: Accelerator, output_dir: str | os.PathLike[str] | No
     state["processes"] = strategy.all_gather_object(per_process)
     state["accumulation_step"] = accelerator.gradient_state.step
     state["iteration"] = config.iteration
-    strategy.save_state(directory / STATE_FILE, state)
+    strategy.save_state(directory / STATE_FILE, state)  # published only once complete
     strategy.barrier("drivetrain.Accelerator.save_state")
     if automatic:
+        if accelerator.is_main_process:
+            _prune_automatic(directory.parent, keep=config.total_limit, newest=directory)
         config.iteration += 1
     return str(directory)
 
@@ -60,7 +63,7 @@ def load_state(
     if input_dir is None:
         input_dir = _latest_automatic_dir(accelerator)
     directory = Path(input_dir)
-    path = directory / STATE_FILE
+    path = resolve(directory / STATE_FILE) or directory / STATE_FILE
     if not path.exists():
         raise FileNotFoundError(
             f"No drivetrain training state in '{directory}' (expected '{path.name}' inside, written by "
@@ -171,15 +174,32 @@ def _next_automatic_dir(accelerator: Accelerator) -> Path:
     root = _checkpoints_root(accelerator)
     target = root / f"checkpoint_{config.iteration}"
     if target.exists():
-        raise ValueError(
-            f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) past "
-            f"the existing checkpoints, or remove it."
-        )
-    if accelerator.is_main_process and config.total_limit is not None:
-        existing = _existing(root)
-        for _, old in existing[: max(0, len(existing) + 1 - config.total_limit)]:
-            shutil.rmtree(old, ignore_errors=True)
+        if _holds_complete_state(target):
+            raise ValueError(
+                f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
+                f"past the existing checkpoints, or remove it."
+            )
+        # Left by a save that crashed (a resumed run counts on from the newest complete one): reuse it.
+        if accelerator.is_main_process:
+            remove(target)
+        accelerator.strategy.barrier("drivetrain.Accelerator.save_state.clear")
     return target
+
+
+def _holds_complete_state(directory: Path) -> bool:
+    path = resolve(directory / STATE_FILE)
+    return path is not None and is_complete(path)
+
+
+def _prune_automatic(root: Path, keep: int | None, newest: Path) -> None:
+    """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
+    existing = [path for _, path in _existing(root) if path != newest]
+    complete = [path for path in existing if _holds_complete_state(path)]
+    doomed = [path for path in existing if path not in complete]
+    if keep is not None:
+        doomed += complete[: max(0, len(complete) + 1 - keep)]
+    for path in doomed:
+        remove(path)
 
 
 def _latest_automatic_dir(accelerator: Accelerator) -> Path:
@@ -188,10 +208,20 @@ def _latest_automatic_dir(accelerator: Accelerator) -> Path:
             "load_state() needs a directory: pass load_state(input_dir), or turn on "
             "ProjectConfiguration(automatic_checkpoint_naming=True) to load the latest automatic checkpoint."
         )
-    existing = _existing(_checkpoints_root(accelerator))
-    if not existing:
-        raise FileNotFoundError(f"No automatic checkpoint under '{_checkpoints_root(accelerator)}' to load.")
-    return existing[-1][1]
+    root = _checkpoints_root(accelerator)
+    existing = [path for _, path in reversed(_existing(root))]
+    for index, path in enumerate(existing):
+        if _holds_complete_state(path):
+            if index and accelerator.is_main_process:
+                skipped = ", ".join(f"'{p.name}'" for p in existing[:index])
+                warnings.warn(
+                    f"Skipping incomplete automatic checkpoint(s) {skipped} under '{root}' (a save was interrupted); "
+                    f"loading '{path.name}'.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            return path
+    raise FileNotFoundError(f"No complete automatic checkpoint under '{root}' to load.")
 
 
 # -- saving objects and models ---------------------------------------------------------------

@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+from drivetrain.strategies.checkpoint_folders import staged_folder
+
 if TYPE_CHECKING:
     from drivetrain.strategies.deepspeed import DeepSpeedStrategy
 
@@ -46,6 +49,8 @@ def is_deepspeed_checkpoint(path: str | Path) -> bool:
 
 
 def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict[str, Any]) -> None:
+    """Every rank saves its part through ``engine.save_checkpoint`` into a staging folder, published as
+    ``path`` once complete and verified; rank 0 adds the header."""
     engines = [(name, value) for name, value in state.items() if type(value).__name__ == "DeepSpeedEngine"]
     if len(engines) != 1:
         raise ValueError(
@@ -69,11 +74,36 @@ def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict
             values[name] = value.state_dict()
         else:
             values[name] = value
-    engine.save_checkpoint(str(path), tag=TAG)
-    if strategy.is_global_zero:
-        header = {"format": FORMAT, "module": engine_name, "optimizer": optimizer_name, "values": values}
-        strategy.checkpoint_io.save_checkpoint(header, Path(path) / STATE_FILE)
-    strategy.barrier("deepspeed_save")
+    header = {"format": FORMAT, "module": engine_name, "optimizer": optimizer_name, "values": values}
+    ranks, partitioned = strategy.world_size, strategy.stage > 0
+
+    def verify(folder: Path) -> None:
+        verify_engine_folder(folder, ranks if partitioned else 0)
+
+    with staged_folder(strategy, path, verify=verify) as staging:
+        engine.save_checkpoint(str(staging), tag=TAG)
+        if strategy.is_global_zero:
+            # Synchronously (not through a background CheckpointIO): the folder is published next.
+            TorchCheckpointIO().save_checkpoint(header, staging / STATE_FILE)
+
+
+def verify_engine_folder(folder: Path, partitions: int) -> None:
+    """Raise unless ``folder`` holds DeepSpeed's ``latest`` tag, the module file, ``partitions`` optimizer
+    partitions (one per rank under ZeRO 1-3) and the header, each file complete."""
+    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError
+
+    latest = folder / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else None
+    if tag != TAG or _module_file(folder / TAG) is None:
+        raise DamagedCheckpointError(folder, "DeepSpeed's 'latest' tag or its module file is missing")
+    found = len(list((folder / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
+    if found < partitions:
+        raise DamagedCheckpointError(
+            folder, f"{found} of {partitions} ZeRO optimizer partitions were written"
+        )
+    check_files(folder)
+    if not (folder / STATE_FILE).is_file():
+        raise DamagedCheckpointError(folder, f"{STATE_FILE} is missing")
 
 
 def load_engine_state(
@@ -146,7 +176,6 @@ def consolidate_deepspeed_checkpoint(
     import torch
 
     from drivetrain._utilities.imports import require
-    from drivetrain.plugins.io.torch_io import TorchCheckpointIO
 
     require("deepspeed", extra="deepspeed", feature="Consolidating a DeepSpeed checkpoint")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+from drivetrain.strategies.checkpoint_folders import staged_folder
+
 if TYPE_CHECKING:
     from drivetrain.strategies.fsdp import FSDPStrategy
 
@@ -37,7 +40,11 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
 
 
 def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]) -> None:
-    """Every rank writes its shards of the modules/optimizers in ``state``; rank 0 writes the rest."""
+    """Every rank writes its shards of the modules/optimizers in ``state``; rank 0 writes the rest.
+
+    Into a hidden staging folder, published as ``path`` once complete and verified
+    (:func:`~drivetrain.strategies.checkpoint_folders.staged_folder`).
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -54,15 +61,21 @@ def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]
             values[name] = value.state_dict()
         else:
             values[name] = value
-    path = Path(path)
-    if strategy.is_global_zero:
-        path.mkdir(parents=True, exist_ok=True)
-    dcp.save(sharded, checkpoint_id=os.fspath(path))
-    if strategy.is_global_zero:
-        strategy.checkpoint_io.save_checkpoint(
-            {"format": FORMAT, "version": 1, "sharded": kinds, "values": values}, path / STATE_FILE
-        )
-    strategy.barrier("fsdp_save_sharded")
+    header = {"format": FORMAT, "version": 1, "sharded": kinds, "values": values}
+    with staged_folder(strategy, path, verify=verify_sharded) as staging:
+        dcp.save(sharded, checkpoint_id=os.fspath(staging))
+        if strategy.is_global_zero:
+            # Written here, synchronously (not through a background CheckpointIO): the folder is
+            # verified and published right after.
+            TorchCheckpointIO().save_checkpoint(header, staging / STATE_FILE)
+
+
+def verify_sharded(folder: Path) -> None:
+    """Raise unless ``folder`` holds readable DCP metadata, every shard it names, and the header file."""
+    from drivetrain.plugins.io.safe_loading import check_torch_file, read_dcp_metadata
+
+    read_dcp_metadata(folder)
+    check_torch_file(folder / STATE_FILE)
 
 
 def load_sharded(

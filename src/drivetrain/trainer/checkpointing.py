@@ -10,6 +10,7 @@ as live objects, so sharded strategies write them their way.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,20 @@ if TYPE_CHECKING:
 
 def resolve_ckpt_path(trainer: Trainer, fn: TrainerFn, request: str | None) -> str | None:
     """A path as given, or the path ``"last"``/``"best"`` stands for (decided on rank 0, shared with all)."""
+    if request is None:
+        return None
     if request not in ("last", "best"):
-        return request
+        found = published(request)
+        return os.fspath(found) if found is not None else request
     path = _find_checkpoint(trainer, fn, request) if trainer.is_global_zero else None
     return trainer.strategy.broadcast(path) if trainer.world_size > 1 else path
+
+
+def published(path: str | Path) -> Path | None:
+    """Where the checkpoint published as ``path`` is (also while a crash left its replacement half done)."""
+    from drivetrain.plugins.io.atomic import resolve
+
+    return resolve(path)
 
 
 def _find_checkpoint(trainer: Trainer, fn: TrainerFn, request: str) -> str | None:

@@ -332,7 +332,7 @@ class Trainer(TrainerProperties):
         self._data.attach(datamodule, **loaders)
         if ckpt_path is not None and ckpt_path not in ("last", "best"):
             ckpt_path = os.fspath(ckpt_path)
-            if not os.path.exists(ckpt_path):
+            if checkpointing.published(ckpt_path) is None:
                 raise FileNotFoundError(
                     f"ckpt_path='{ckpt_path}' does not exist (resolved to '{Path(ckpt_path).resolve()}')."
                 )

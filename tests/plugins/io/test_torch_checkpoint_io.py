@@ -75,7 +75,7 @@ def test_failed_save_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path):
     with pytest.raises(RuntimeError, match="cannot pickle this"):
         io.save_checkpoint({"weights": torch.zeros(1000), "bomb": bomb}, path)
     # The write was under way (a temp file next to the target) when it failed …
-    assert len(bomb.files_seen) == 2 and any(name.endswith(".tmp") for name in bomb.files_seen)
+    assert len(bomb.files_seen) == 2 and any(".drivetrain-partial-" in name for name in bomb.files_seen)
     # … and the failure left the old checkpoint whole and the directory clean.
     assert os.listdir(tmp_path) == ["last.ckpt"]
     assert torch.equal(io.load_checkpoint(path)["weights"], torch.arange(4.0))

@@ -1,23 +1,32 @@
 """Checkpoints as single files written with ``torch.save``: atomic writes, safe loads.
 
-A write goes to a temporary file next to the target and is renamed over it only once it is
-complete and on disk, so a crash, a full disk or an unpicklable object never leaves a truncated
-checkpoint where a good one was. Loads use ``torch.load(weights_only=True)``, which cannot run
-code from the file, unless the caller opts out explicitly.
+A write goes to a hidden temporary file next to the target, is flushed to disk, verified (a
+complete archive) and only then renamed over the target, so a crash, a full disk or an
+unpicklable object never leaves a truncated checkpoint where a good one was; what a crash left
+behind is removed at the next save into the folder (see :mod:`drivetrain.plugins.io.atomic`).
+Loads use ``torch.load(weights_only=True)``, which cannot run code from the file, unless the
+caller opts out explicitly, and call a damaged file damaged.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from drivetrain.plugins.io.atomic import (
+    in_flight,
+    local_path,
+    new_token,
+    partial_path,
+    publish_file,
+    remove,
+    tidy,
+)
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
-from drivetrain.plugins.io.safe_loading import load_torch_file
+from drivetrain.plugins.io.safe_loading import check_torch_file, load_torch_file
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -42,22 +51,23 @@ class TorchCheckpointIO(CheckpointIO):
             TypeError: if ``storage_options`` is given; this IO has none.
         """
         reject_storage_options(self, storage_options)
-        path = Path(path)
+        path = local_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        tidy(path.parent)
         # A unique hidden name in the target's directory: os.replace is atomic only within one file
         # system, and concurrent writers (two ranks, two runs) must not share a temp file. Opened
         # with "xb" rather than mkstemp so the file gets the usual umask permissions, not 0600.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
-            with open(tmp, "xb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_directory(path.parent)
+        with in_flight(partial_path(path, new_token())) as tmp:
+            try:
+                with open(tmp, "xb") as file:
+                    torch.save(checkpoint, file)
+                    file.flush()
+                    os.fsync(file.fileno())
+                check_torch_file(tmp)
+                publish_file(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any | None = None, *, weights_only: bool = True
@@ -82,16 +92,10 @@ class TorchCheckpointIO(CheckpointIO):
         """Delete the checkpoint file (or sharded checkpoint directory) at ``path``.
 
         A missing ``path`` is not an error: cleanup of old checkpoints (keeping the top k) must be
-        idempotent, so a retried or repeated removal, or one racing another rank's, succeeds.
+        idempotent, so a retried or repeated removal, or one racing another rank's, succeeds. A
+        folder is renamed aside before it is deleted, so a crash never leaves half of it.
         """
-        path = Path(path)
-        if path.is_dir() and not path.is_symlink():
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:  # removed concurrently (another rank's cleanup)
-                pass
-        else:
-            path.unlink(missing_ok=True)
+        remove(local_path(path))
 
 
 def reject_storage_options(io: CheckpointIO, storage_options: Any | None) -> None:
@@ -101,18 +105,3 @@ def reject_storage_options(io: CheckpointIO, storage_options: Any | None) -> Non
             f"{type(io).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}. "
             f"Leave the argument out, or use a CheckpointIO that understands them."
         )
-
-
-def _fsync_directory(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk. Some platforms (Windows)
-    # cannot open a directory for fsync; the rename is still atomic there.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.last_model_path = ""
         self._recent: list[str] = []
+        self._pending_removals: list[str] = []
         self._last_global_step_saved = 0
 
     @property
@@ -172,6 +174,8 @@ class ModelCheckpoint(Callback):
             last = os.path.join(self.dirpath or "", self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
             self._write(trainer, last)
             self.last_model_path = last
+        # Only now, with every new checkpoint of this save published, do older ones go.
+        self._prune(trainer)
 
     def _monitored(self, trainer: Trainer, metrics: dict[str, Any]) -> float | None:
         if self.monitor is None:
@@ -183,8 +187,6 @@ class ModelCheckpoint(Callback):
                 f"{available}). Log it with self.log({self.monitor!r}, value), or fix the name."
             )
             if trainer._data.validation_enabled and trainer._validations_run == 0:
-                import warnings
-
                 warnings.warn(
                     message + " Skipping top-k until validation has run.", UserWarning, stacklevel=3
                 )
@@ -202,19 +204,26 @@ class ModelCheckpoint(Callback):
         k = self.save_top_k
         if k == 0:
             return
-        if k != -1 and len(self.best_k_models) >= k:
+        if k != -1 and len(self.best_k_models) >= k and filepath not in self.best_k_models:
             worst = self.kth_best_model_path
             if not self._better(current, self.best_k_models[worst]):
                 return
-            del self.best_k_models[worst]
-            if worst != filepath:
-                trainer.strategy.remove_checkpoint(worst)
-        self._write(trainer, filepath)
+            displaced: str | None = worst
+        else:
+            displaced = None
+        # The ranking the new checkpoint records includes itself; it takes effect only if the write
+        # succeeds, and the displaced file is deleted only after it (see _prune).
+        previous = self._ranking()
         self.best_k_models[filepath] = current
-        pick_worst = max if self.mode == "min" else min
-        self.kth_best_model_path = pick_worst(self.best_k_models, key=self.best_k_models.__getitem__)
-        best = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.__getitem__)
-        self.best_model_path, self.best_model_score = best, self.best_k_models[best]
+        if displaced is not None:
+            del self.best_k_models[displaced]
+            self._pending_removals.append(displaced)
+        self._rank()
+        try:
+            self._write(trainer, filepath)
+        except BaseException:
+            self._restore_ranking(previous)
+            raise
         if self.verbose:
             _log.info(
                 f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor}={current:.6g}, saved {filepath}"
@@ -223,16 +232,57 @@ class ModelCheckpoint(Callback):
     def _save_recent(self, trainer: Trainer, filepath: str) -> None:
         if self.save_top_k == 0:
             return
-        self._write(trainer, filepath)
-        self._recent.append(filepath)
+        previous = self._ranking()
+        recent = [path for path in self._recent if path != filepath] + [filepath]
         if self.save_top_k != -1:
-            for old in self._recent[: -self.save_top_k]:
-                if old != filepath:
-                    trainer.strategy.remove_checkpoint(old)
-            self._recent = self._recent[-self.save_top_k :]
+            self._pending_removals.extend(recent[: -self.save_top_k])
+            recent = recent[-self.save_top_k :]
+        self._recent = recent
         self.best_model_path = filepath
+        try:
+            self._write(trainer, filepath)
+        except BaseException:
+            self._restore_ranking(previous)
+            raise
         if self.verbose:
             _log.info(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {filepath}")
+
+    def _rank(self) -> None:
+        scores = self.best_k_models
+        pick_worst = max if self.mode == "min" else min
+        self.kth_best_model_path = pick_worst(scores, key=scores.__getitem__)
+        best = (min if self.mode == "min" else max)(scores, key=scores.__getitem__)
+        self.best_model_path, self.best_model_score = best, scores[best]
+
+    def _ranking(self) -> dict[str, Any]:
+        return {
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "best_model_path": self.best_model_path,
+            "best_model_score": self.best_model_score,
+            "recent": list(self._recent),
+            "pending_removals": list(self._pending_removals),
+        }
+
+    def _restore_ranking(self, ranking: dict[str, Any]) -> None:
+        self.best_k_models = ranking["best_k_models"]
+        self.kth_best_model_path = ranking["kth_best_model_path"]
+        self.best_model_path = ranking["best_model_path"]
+        self.best_model_score = ranking["best_model_score"]
+        self._recent = ranking["recent"]
+        self._pending_removals = ranking["pending_removals"]
+
+    def _prune(self, trainer: Trainer) -> None:
+        """Delete the checkpoints that left the top k (or the most recent k) once their successors are saved.
+
+        Pending removals are part of this callback's state, so a run resumed after a crash between
+        publishing a checkpoint and pruning finishes the pruning at its first save.
+        """
+        kept = {*self.best_k_models, *self._recent, self.last_model_path, self.best_model_path}
+        for path in self._pending_removals:
+            if path not in kept:
+                trainer.strategy.remove_checkpoint(path)
+        self._pending_removals = []
 
     def _write(self, trainer: Trainer, filepath: str) -> None:
         trainer.save_checkpoint(filepath, weights_only=self.save_weights_only)
@@ -272,16 +322,34 @@ class ModelCheckpoint(Callback):
         return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def find_last(self) -> str | None:
-        """The ``last.ckpt`` (or, without ``save_last``, the newest checkpoint) in :attr:`dirpath`, if any."""
+        """The newest complete checkpoint in :attr:`dirpath`: ``last.ckpt``, else the newest other one.
+
+        A checkpoint a crash left incomplete or damaged is passed over (with a warning), so a resumed
+        run starts from the newest one that is whole; ``None`` when there is none.
+        """
+        from drivetrain.plugins.io.atomic import is_complete, is_temporary, resolve
+
         if self.dirpath is None or not os.path.isdir(self.dirpath):
             return None
-        last = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-        if os.path.exists(last):
-            return last
-        candidates = [
-            os.path.join(self.dirpath, f) for f in os.listdir(self.dirpath) if f.endswith(self.FILE_EXTENSION)
+        last = resolve(os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
+        candidates = [last] if last is not None else []
+        others = [
+            Path(self.dirpath, name)
+            for name in os.listdir(self.dirpath)
+            if name.endswith(self.FILE_EXTENSION) and not is_temporary(name)
         ]
-        return max(candidates, key=os.path.getmtime) if candidates else None
+        candidates += sorted((p for p in others if p != last), key=_modified, reverse=True)
+        for index, candidate in enumerate(candidates):
+            if is_complete(candidate):
+                if index:
+                    skipped = ", ".join(f"'{p}'" for p in candidates[:index])
+                    warnings.warn(
+                        f"Skipping incomplete or damaged checkpoint(s) {skipped}; resuming from '{candidate}'.",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                return os.fspath(candidate)
+        return None
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -293,6 +361,7 @@ class ModelCheckpoint(Callback):
             "kth_best_model_path": self.kth_best_model_path,
             "last_model_path": self.last_model_path,
             "recent": list(self._recent),
+            "pending_removals": list(self._pending_removals),
             "dirpath": self.dirpath,
             "last_global_step_saved": self._last_global_step_saved,
         }
@@ -306,4 +375,12 @@ class ModelCheckpoint(Callback):
             self.best_k_models = dict(state_dict.get("best_k_models", {}))
             self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
             self._recent = list(state_dict.get("recent", []))
+            self._pending_removals = list(state_dict.get("pending_removals", []))
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile
+        return -math.inf
