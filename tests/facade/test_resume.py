@@ -130,6 +130,6 @@ def test_loading_a_state_with_more_models_than_prepared_is_an_error(tmp_path: Pa
     model = nn.Linear(2, 2)
     loader.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(
-        ValueError, match=r"holds 2 models \(prepared now: 1\): loading it would leave 'model_1' unrestored"
+        ValueError, match=r"holds 2 models \(now: 1\): loading it would leave 'state_dict_1' unrestored"
     ):
         loader.load_state(tmp_path / "state")

@@ -195,7 +195,7 @@ def test_each_rank_gets_its_own_device_generator_back_in_both_doors(tmp_path: Pa
 def _saved_rank0_device_state(tmp_path: Path, door: str) -> torch.Tensor:
     if door == "trainer":
         checkpoint = torch.load(tmp_path / "trainer" / "full" / "step=3.ckpt", weights_only=True)
-        return checkpoint["rng_states"][0]["device"]["state"]["generator"]
+        return checkpoint["processes"][0]["rng"]["device"]["state"]["generator"]
     checkpoint = torch.load(tmp_path / "accelerator" / "state.ckpt", weights_only=True)
     return checkpoint["processes"][0]["rng"]["device"]["state"]["generator"]
 

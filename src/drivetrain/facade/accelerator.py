@@ -25,7 +25,8 @@ from torch.optim import Optimizer
 
 from drivetrain.data import PreparedDataLoader, validate_rng_types
 from drivetrain.facade import settings, tracking
-from drivetrain.facade.persistence import Persistence
+from drivetrain.facade.checkpointing import Checkpointing
+from drivetrain.facade.model_saving import ModelSaving
 from drivetrain.facade.preparation import Preparation
 from drivetrain.facade.tracking import Tracking
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from drivetrain.plugins.precision.precision import Precision
 
 
-class Accelerator(Preparation, Persistence, Tracking):
+class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     """Prepare models, optimizers, schedulers and data loaders for any hardware and number of processes.
 
     Accelerate's arguments:

@@ -1,160 +1,222 @@
-"""``save_state``/``load_state``, ``save`` and ``save_model`` for the Accelerator.
+"""The Accelerator's door to the core checkpoint: ``save_state``, ``load_state``, ``register_for_checkpointing``.
 
-A training state is written through ``strategy.save_state`` (so sharded strategies can shard
-it) into ``<dir>/state.ckpt``: models, optimizers, schedulers, the precision plugin (loss
-scaler), registered objects, the accumulation counter, and per process the RNG states and the
-position of every prepared data loader. Loading it restores all of that, and the next iteration
-of each loader continues with the batch after the last one handed out.
+The core (:mod:`drivetrain.strategies.checkpointing`) writes and reads the entries both doors
+share: the prepared models, optimizers and schedulers, the precision plugin (loss scaler) and,
+per process, the random generators and every prepared loader's position. The Accelerator adds
+``"custom_<i>"`` (objects given to :meth:`~Checkpointing.register_for_checkpointing`),
+``"accumulation_step"`` and ``"iteration"``, and names the checkpoints: ``<dir>/state.ckpt``
+(a file, or a folder under sharded strategies), with automatic naming
+``<project_dir>/checkpoints/checkpoint_<i>``. After ``load_state`` each prepared loader continues
+with the batch after the last one handed out.
+
+Crash safety: the state is published only once complete; automatic checkpoints beyond
+``total_limit`` are pruned only after the new one is, and ``load_state()`` picks the newest
+complete one.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 from torch import nn
 
+from drivetrain.data import PreparedDataLoader
+from drivetrain.facade.process_control import ProcessControl
+from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.plugins.io.atomic import is_complete, remove, resolve
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
-
-if TYPE_CHECKING:
-    from drivetrain.facade.persistence import Persistence as Accelerator
+from drivetrain.strategies.checkpointing import (
+    TrainingObjects,
+    checkpoint_entries,
+    read_checkpoint,
+    restore_process_state,
+    write_checkpoint,
+)
+from drivetrain.utils.configuration import ProjectConfiguration
 
 STATE_FILE = "state.ckpt"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+_CUSTOM = re.compile(r"^custom_(\d+)$")
+_OPT_OUT = "Accelerator.load_state(..., load_kwargs={'weights_only': False})"
 
 
-def save_state(accelerator: Accelerator, output_dir: str | os.PathLike[str] | None = None) -> str:
-    """Write the training state to ``output_dir`` (or the next automatic checkpoint); returns the directory."""
-    config = accelerator.project_configuration
-    automatic = output_dir is None
-    if automatic:
-        output_dir = _next_automatic_dir(accelerator)
-    directory = Path(output_dir)  # type: ignore[arg-type]
-    strategy = accelerator.strategy
-    state = _live_state(accelerator)
-    per_process = {
-        "rng": capture_rng_states(strategy),
-        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
-    }
-    state["processes"] = strategy.all_gather_object(per_process)
-    state["accumulation_step"] = accelerator.gradient_state.step
-    state["iteration"] = config.iteration
-    strategy.save_state(directory / STATE_FILE, state)  # published only once complete
-    strategy.barrier("drivetrain.Accelerator.save_state")
-    if automatic:
-        if accelerator.is_main_process:
-            _prune_automatic(directory.parent, keep=config.total_limit, newest=directory)
-        config.iteration += 1
-    return str(directory)
+class Checkpointing(ProcessControl):
+    """``save_state``, ``load_state``, ``register_for_checkpointing`` (a mixin of :class:`drivetrain.Accelerator`)."""
 
+    project_configuration: ProjectConfiguration
+    _models: list[nn.Module]
+    _optimizers: list[PreparedOptimizer]
+    _schedulers: list[PreparedScheduler]
+    _dataloaders: list[PreparedDataLoader]
+    _custom_objects: list[Any]
 
-def load_state(
-    accelerator: Accelerator, input_dir: str | os.PathLike[str] | None = None, weights_only: bool = True
-) -> str:
-    """Restore what :func:`save_state` wrote into the live prepared objects; returns the directory."""
-    config = accelerator.project_configuration
-    if input_dir is None:
-        input_dir = _latest_automatic_dir(accelerator)
-    directory = Path(input_dir)
-    path = resolve(directory / STATE_FILE) or directory / STATE_FILE
-    if not path.exists():
-        raise FileNotFoundError(
-            f"No drivetrain training state in '{directory}' (expected '{path.name}' inside, written by "
-            f"Accelerator.save_state). Pass the directory save_state wrote."
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state."""
+        invalid = [
+            obj
+            for obj in objects
+            if not (
+                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            )
+        ]
+        if invalid:
+            raise TypeError(
+                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have "
+                f"not: {', '.join(f'{type(o).__name__} ({o!r:.40})' for o in invalid)}."
+            )
+        self._custom_objects.extend(objects)
+
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        """Save models, optimizers, schedulers, loss scaler, RNG states, data positions and registered objects.
+
+        Without ``output_dir`` the next automatic checkpoint is written
+        (``ProjectConfiguration(automatic_checkpoint_naming=True)``), and checkpoints beyond
+        ``total_limit`` are removed once it is complete. The state is read with
+        ``weights_only=True`` either way, so ``safe_serialization`` changes nothing.
+
+        Returns:
+            The directory written.
+        """
+        _no_model_kwargs("save_state", kwargs)
+        self._require_processes("save_state")
+        config = self.project_configuration
+        automatic = output_dir is None
+        directory = self._next_automatic_dir() if automatic else Path(output_dir)  # type: ignore[arg-type]
+        strategy = self.strategy
+        entries = checkpoint_entries(strategy, self._training_objects(), door="accelerator")
+        entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
+        entries["accumulation_step"] = self.gradient_state.step
+        entries["iteration"] = config.iteration
+        write_checkpoint(strategy, directory / STATE_FILE, entries)
+        if automatic:
+            if self.is_main_process:
+                _prune_automatic(directory.parent, keep=config.total_limit, newest=directory)
+            config.iteration += 1
+        return str(directory)
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch.
+
+        Args:
+            input_dir: the directory :meth:`save_state` wrote; ``None`` loads the newest complete
+                automatic checkpoint.
+            load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
+                which can run code from the files: only for checkpoints from a trusted source.
+                By default only tensors, plain values and allow-listed classes are read.
+
+        Returns:
+            The directory loaded.
+        """
+        _no_model_kwargs("load_state", kwargs)
+        weights_only = _weights_only(load_kwargs)
+        self._require_processes("load_state")
+        config = self.project_configuration
+        directory = self._latest_automatic_dir() if input_dir is None else Path(input_dir)
+        if resolve(directory / STATE_FILE) is None:
+            raise FileNotFoundError(
+                f"No drivetrain training state in '{directory}' (expected '{STATE_FILE}' inside, written by "
+                f"Accelerator.save_state). Pass the directory save_state wrote."
+            )
+        door = {f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)}
+        door.update({"accumulation_step": 0, "iteration": 0})
+        loaded = read_checkpoint(
+            self.strategy,
+            directory / STATE_FILE,
+            self._training_objects(),
+            door,
+            weights_only=weights_only,
+            opt_out=_OPT_OUT,
         )
-    strategy = accelerator.strategy
-    state = _live_state(accelerator)
-    state.update({"processes": None, "accumulation_step": 0, "iteration": 0})
-    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+        _check_registered_objects(directory, loaded.rest, len(self._custom_objects))
+        assert loaded.process is not None  # a full (not models-only) read
+        restore_process_state(self.strategy, loaded.process, self._dataloaders, source=str(directory))
+        self.gradient_state.step = int(loaded.entries["accumulation_step"])
+        if config.automatic_checkpoint_naming:
+            config.iteration = int(loaded.entries["iteration"]) + 1
+        return str(directory)
 
-    try:
-        if weights_only:  # passed only when it differs: a user strategy's load_state may predate it
-            unused = strategy.load_state(path, state, strict=True)
-        else:
-            unused = strategy.load_state(path, state, strict=True, weights_only=False)
-    except UnsafeCheckpointError as error:
-        raise error.with_opt_out("Accelerator.load_state(..., load_kwargs={'weights_only': False})") from None
-    _check_nothing_left_behind(directory, unused, state)
-    processes: list[dict[str, Any]] = state["processes"]
-    mine = state_for_rank(
-        processes, accelerator.process_index, accelerator.num_processes, source=str(directory)
-    )
-    loaders = accelerator._dataloaders
-    if len(mine["dataloaders"]) != len(loaders):
+    def _training_objects(self) -> TrainingObjects:
+        return TrainingObjects(
+            models=self._models,
+            optimizers=[optimizer.optimizer for optimizer in self._optimizers],
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+        )
+
+    # -- automatic naming ---------------------------------------------------------------------
+    def _next_automatic_dir(self) -> Path:
+        config = self.project_configuration
+        if not config.automatic_checkpoint_naming:
+            raise ValueError(
+                "save_state() needs a directory: pass save_state(output_dir), or turn on "
+                "ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir."
+            )
+        root = _checkpoints_root(config)
+        target = root / f"checkpoint_{config.iteration}"
+        if target.exists():
+            if _holds_complete_state(target):
+                raise ValueError(
+                    f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
+                    f"past the existing checkpoints, or remove it."
+                )
+            # Left by a save that crashed (a resumed run counts on from the newest complete one): reuse it.
+            if self.is_main_process:
+                remove(target)
+            self.strategy.barrier("drivetrain.Accelerator.save_state.clear")
+        return target
+
+    def _latest_automatic_dir(self) -> Path:
+        config = self.project_configuration
+        if not config.automatic_checkpoint_naming:
+            raise ValueError(
+                "load_state() needs a directory: pass load_state(input_dir), or turn on "
+                "ProjectConfiguration(automatic_checkpoint_naming=True) to load the latest automatic checkpoint."
+            )
+        root = _checkpoints_root(config)
+        existing = [path for _, path in reversed(_existing(root))]
+        for index, path in enumerate(existing):
+            if _holds_complete_state(path):
+                if index and self.is_main_process:
+                    skipped = ", ".join(f"'{p.name}'" for p in existing[:index])
+                    warnings.warn(
+                        f"Skipping incomplete automatic checkpoint(s) {skipped} under '{root}' (a save was "
+                        f"interrupted); loading '{path.name}'.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                return path
+        raise FileNotFoundError(f"No complete automatic checkpoint under '{root}' to load.")
+
+
+def _check_registered_objects(directory: Path, rest: dict[str, Any], registered: int) -> None:
+    """Refuse a state with more registered objects than are registered now: a subset would load silently."""
+    saved = [key for key in rest if _CUSTOM.match(key)]
+    if saved:
         raise ValueError(
-            f"The state in '{directory}' holds the positions of {len(mine['dataloaders'])} data loader(s), but "
-            f"{len(loaders)} are prepared now. Prepare the same loaders, in the same order, before load_state."
+            f"The state in '{directory}' holds {registered + len(saved)} objects registered with "
+            f"register_for_checkpointing (registered now: {registered}): loading it would leave "
+            f"{', '.join(map(repr, sorted(saved)))} unrestored. Register the same objects, in the same order, "
+            f"before load_state."
         )
-    for loader, position in zip(loaders, mine["dataloaders"]):
-        loader.load_state_dict(position)
-    restore_rng_states(strategy, mine["rng"])
-    accelerator.gradient_state.step = int(state["accumulation_step"])
-    if config.automatic_checkpoint_naming:
-        config.iteration = int(state["iteration"]) + 1
-    return str(directory)
 
 
-_PREPARED_KINDS = {
-    "model": "models",
-    "optimizer": "optimizers",
-    "scheduler": "schedulers",
-    "custom": "objects registered with register_for_checkpointing",
-}
-
-
-def _check_nothing_left_behind(directory: Path, unused: dict[str, Any], state: dict[str, Any]) -> None:
-    """Refuse a checkpoint holding more models/optimizers/… than are prepared: a subset would load silently."""
-    extra = sorted(key for key in unused if _kind(key) is not None)
-    if not extra:
-        return
-    counts = []
-    for kind, words in _PREPARED_KINDS.items():
-        live = sum(1 for key in state if _kind(key) == kind)
-        saved = live + sum(1 for key in extra if _kind(key) == kind)
-        if saved != live:
-            counts.append(f"{saved} {words} (prepared now: {live})")
-    raise ValueError(
-        f"The state in '{directory}' holds {', '.join(counts)}: loading it would leave "
-        f"{', '.join(map(repr, extra))} unrestored. Prepare (or register) the same objects, in the same order, "
-        f"before load_state."
-    )
-
-
-def _kind(key: str) -> str | None:
-    """``"model"`` for ``"model_3"`` and so on; ``None`` for entries that are not prepared objects."""
-    match = re.fullmatch(r"(model|optimizer|scheduler|custom)_\d+", key)
-    return match.group(1) if match else None
-
-
-def _live_state(accelerator: Accelerator) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for index, model in enumerate(accelerator._models):
-        state[f"model_{index}"] = model
-    for index, optimizer in enumerate(accelerator._optimizers):
-        state[f"optimizer_{index}"] = optimizer.optimizer
-    for index, scheduler in enumerate(accelerator._schedulers):
-        state[f"scheduler_{index}"] = scheduler
-    for index, obj in enumerate(accelerator._custom_objects):
-        state[f"custom_{index}"] = obj
-    state["precision"] = accelerator.strategy.precision
-    return state
-
-
-def _checkpoints_root(accelerator: Accelerator) -> Path:
-    project_dir = accelerator.project_configuration.project_dir
-    if project_dir is None:
+def _checkpoints_root(config: ProjectConfiguration) -> Path:
+    if config.project_dir is None:
         raise ValueError(
             "Automatic checkpoint naming needs a project directory: Accelerator(project_dir=...) or "
             "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
         )
-    return Path(project_dir) / "checkpoints"
+    return Path(config.project_dir) / "checkpoints"
 
 
 def _existing(root: Path) -> list[tuple[int, Path]]:
@@ -162,28 +224,6 @@ def _existing(root: Path) -> list[tuple[int, Path]]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_DIR.match(p.name))]
     return sorted(found)
-
-
-def _next_automatic_dir(accelerator: Accelerator) -> Path:
-    config = accelerator.project_configuration
-    if not config.automatic_checkpoint_naming:
-        raise ValueError(
-            "save_state() needs a directory: pass save_state(output_dir), or turn on "
-            "ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir."
-        )
-    root = _checkpoints_root(accelerator)
-    target = root / f"checkpoint_{config.iteration}"
-    if target.exists():
-        if _holds_complete_state(target):
-            raise ValueError(
-                f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
-                f"past the existing checkpoints, or remove it."
-            )
-        # Left by a save that crashed (a resumed run counts on from the newest complete one): reuse it.
-        if accelerator.is_main_process:
-            remove(target)
-        accelerator.strategy.barrier("drivetrain.Accelerator.save_state.clear")
-    return target
 
 
 def _holds_complete_state(directory: Path) -> bool:
@@ -202,129 +242,26 @@ def _prune_automatic(root: Path, keep: int | None, newest: Path) -> None:
         remove(path)
 
 
-def _latest_automatic_dir(accelerator: Accelerator) -> Path:
-    if not accelerator.project_configuration.automatic_checkpoint_naming:
-        raise ValueError(
-            "load_state() needs a directory: pass load_state(input_dir), or turn on "
-            "ProjectConfiguration(automatic_checkpoint_naming=True) to load the latest automatic checkpoint."
-        )
-    root = _checkpoints_root(accelerator)
-    existing = [path for _, path in reversed(_existing(root))]
-    for index, path in enumerate(existing):
-        if _holds_complete_state(path):
-            if index and accelerator.is_main_process:
-                skipped = ", ".join(f"'{p.name}'" for p in existing[:index])
-                warnings.warn(
-                    f"Skipping incomplete automatic checkpoint(s) {skipped} under '{root}' (a save was interrupted); "
-                    f"loading '{path.name}'.",
-                    UserWarning,
-                    stacklevel=4,
-                )
-            return path
-    raise FileNotFoundError(f"No complete automatic checkpoint under '{root}' to load.")
-
-
-# -- saving objects and models ---------------------------------------------------------------
-def save_object(obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-    """Write ``obj`` to ``f`` atomically, with ``torch.save`` or as safetensors."""
-    path = Path(f)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        if safe_serialization:
-            _write_safetensors(obj, tmp)
-        else:
-            torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _write_safetensors(obj: Any, path: Path) -> None:
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise ImportError(
-            "safe_serialization=True needs the 'safetensors' package: pip install safetensors (or pass "
-            "safe_serialization=False to write with torch.save)."
-        ) from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+def _no_model_kwargs(method: str, kwargs: dict[str, Any]) -> None:
+    if kwargs:
         raise TypeError(
-            "safe_serialization=True writes a dict of tensors (a state dict); got "
-            f"{type(obj).__name__}. Pass safe_serialization=False to save other objects with torch.save."
+            f"{method}() got {', '.join(map(repr, kwargs))}: drivetrain saves models through the strategy and takes "
+            f"no model-saving options here."
         )
-    save_file(_unshared(obj), str(path), metadata={"format": "pt"})
 
 
-def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous tensors, each with its own storage (safetensors refuses shared ones, e.g. tied weights)."""
-    seen: set[tuple[Any, int]] = set()
-    result = {}
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach().contiguous()
-        key = (tensor.device, tensor.untyped_storage().data_ptr()) if tensor.numel() else None
-        if key is not None and key in seen:
-            tensor = tensor.clone()
-        elif key is not None:
-            seen.add(key)
-        result[name] = tensor
-    return result
-
-
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes in ``size``: an int, or a string such as ``"10GB"`` or ``"500MiB"``."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", str(size).upper())
-    if match is None or match.group(2) not in _UNITS:
+def _weights_only(load_kwargs: dict[str, Any] | None) -> bool:
+    if load_kwargs is None:
+        return True
+    if not isinstance(load_kwargs, dict):
+        raise TypeError(f"load_state(load_kwargs=...) expects a dict, got {type(load_kwargs).__name__}.")
+    unknown = sorted(set(load_kwargs) - {"weights_only"})
+    if unknown:
         raise ValueError(
-            f"max_shard_size={size!r} is not a size; use bytes (an int) or a string like '10GB' or '500MB'."
+            f"load_state(load_kwargs=...) got {', '.join(map(repr, unknown))}; drivetrain loads through the "
+            f"strategy and takes only 'weights_only' here (e.g. load_kwargs={{'weights_only': False}})."
         )
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def write_model(
-    state_dict: dict[str, torch.Tensor], directory: Path, max_shard_size: int | str, safe_serialization: bool
-) -> None:
-    """Write a state dict as one file, or as shards with an index, in Hugging Face's layout."""
-    limit = parse_size(max_shard_size)
-    directory.mkdir(parents=True, exist_ok=True)
-    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in state_dict.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += nbytes
-    if len(shards) == 1:
-        save_object(shards[0], directory / f"{stem}{suffix}", safe_serialization)
-        return
-    weight_map = {}
-    for number, shard in enumerate(shards, start=1):
-        filename = f"{stem}-{number:05d}-of-{len(shards):05d}{suffix}"
-        save_object(shard, directory / filename, safe_serialization)
-        weight_map.update(dict.fromkeys(shard, filename))
-    total = sum(t.numel() * t.element_size() for t in state_dict.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / f"{stem}{suffix}.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-
-
-def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The user's module's state dict, converted by the strategy (gathered for sharded strategies)."""
-    return accelerator.strategy.get_module_state_dict(model)
+    value = load_kwargs.get("weights_only", True)
+    if not isinstance(value, bool):
+        raise TypeError(f"load_state(load_kwargs={{'weights_only': {value!r}}}): use True or False.")
+    return value

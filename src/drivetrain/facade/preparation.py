@@ -9,6 +9,7 @@ which the Trainer follows too); optimizers and schedulers get the wrappers of
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,12 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from drivetrain.data import PreparedDataLoader, prepare_data_loader, uses_distributed_sampler
+from drivetrain.data import (
+    PreparedDataLoader,
+    prepare_data_loader,
+    skip_first_batches,
+    uses_distributed_sampler,
+)
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.model_setup import setup_model
@@ -26,7 +32,8 @@ from drivetrain.utils.configuration import DataLoaderConfiguration
 
 
 class Preparation(ProcessControl):
-    """``prepare``, ``prepare_model``, ``prepare_optimizer``, ``prepare_scheduler``, ``prepare_data_loader`` (mixin)."""
+    """``prepare``, ``prepare_model``, ``prepare_optimizer``, ``prepare_scheduler``, ``prepare_data_loader``,
+    and their undoing, ``free_memory`` (mixin)."""
 
     dataloader_config: DataLoaderConfiguration
     device_placement: bool
@@ -256,6 +263,25 @@ class Preparation(ProcessControl):
         self._dataloaders.append(prepared)
         self._remember(prepared, data_loader, prepared)
         return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader whose next epoch starts ``num_batches`` batches in (see :func:`drivetrain.data.skip_first_batches`)."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object (and ``objects``), then collect garbage; returns ``None`` per object."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._prepared.clear()
+        self._backward_module = None
+        self.strategy.model = None
+        self.gradient_state.step = 0
+        gc.collect()
+        return [None] * len(objects)
+
+    clear = free_memory
 
 
 def _is_scheduler(obj: Any) -> bool:

@@ -1,11 +1,11 @@
-"""Saving and restoring the whole training state through the strategy.
+"""The Trainer's door to the core checkpoint (:mod:`drivetrain.strategies.checkpointing`).
 
-A Trainer checkpoint holds the module (``"state_dict"``), each optimizer (``"optimizer_<i>"``),
-the LR schedulers, the precision plugin's state (the fp16 loss scale), the loop progress
-(including the random generators at the start of the epoch, which fix the data order), every
-rank's random generators, the callbacks', the DataModule's and the partly accumulated epoch
-metrics, and the hyperparameters. Modules and optimizers are handed to ``strategy.save_state``
-as live objects, so sharded strategies write them their way.
+The core writes and reads the entries both doors share (model, optimizers, schedulers,
+precision, every process's generators). The Trainer adds ``"epoch"``, ``"global_step"``,
+``"hyper_parameters"``, ``"loops"`` (the fit progress, including the generators at the start of
+the epoch, which fix the data order), ``"callbacks"``, ``"results"`` (partly accumulated epoch
+metrics) and ``"datamodule"``, and lets ``on_save_checkpoint`` hooks add more. It also decides
+which checkpoint ``ckpt_path="last"``/``"best"`` means.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.strategies.rng import capture_rng_states, state_for_rank
+from drivetrain.plugins.io.atomic import resolve
+from drivetrain.strategies.checkpointing import (
+    TrainingObjects,
+    checkpoint_entries,
+    read_checkpoint,
+    write_checkpoint,
+)
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
 
@@ -35,8 +41,6 @@ def resolve_ckpt_path(trainer: Trainer, fn: TrainerFn, request: str | None) -> s
 
 def published(path: str | Path) -> Path | None:
     """Where the checkpoint published as ``path`` is (also while a crash left its replacement half done)."""
-    from drivetrain.plugins.io.atomic import resolve
-
     return resolve(path)
 
 
@@ -65,22 +69,13 @@ def _find_checkpoint(trainer: Trainer, fn: TrainerFn, request: str) -> str | Non
 
 def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
     """The live state to save (called on every rank: gathering the generators is a collective)."""
-    module = trainer._module
     progress = trainer._progress
-    state: dict[str, Any] = {
-        "state_dict": trainer._model,
-        "epoch": progress.epoch,
-        "global_step": progress.global_step,
-        "drivetrain_version": _version(),
-        "hyper_parameters": hyperparameters_for_checkpoint(module.hparams),
-    }
+    state = checkpoint_entries(trainer.strategy, _objects(trainer), door="trainer", weights_only=weights_only)
+    state["epoch"] = progress.epoch
+    state["global_step"] = progress.global_step
+    state["hyper_parameters"] = hyperparameters_for_checkpoint(trainer._module.hparams)
     if not weights_only:
-        for index, optimizer in enumerate(trainer._optimizers):
-            state[f"optimizer_{index}"] = optimizer
-        state["lr_schedulers"] = [config.scheduler.state_dict() for config in trainer._scheduler_configs]
-        state["precision"] = trainer.strategy.precision
         state["loops"] = {"fit": progress.state_dict(), "should_stop": trainer.should_stop}
-        state["rng_states"] = trainer.strategy.all_gather_object(capture_rng_states(trainer.strategy))
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
         state["results"] = trainer._train_results.state_dict() if trainer._train_results is not None else {}
         datamodule = trainer.datamodule
@@ -91,33 +86,27 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
 
 
 def save_checkpoint(trainer: Trainer, path: str | Path, weights_only: bool = False) -> None:
-    state = checkpoint_state(trainer, weights_only)
-    trainer.strategy.save_state(path, state)
-    trainer.strategy.barrier("Trainer.save_checkpoint")
+    write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, weights_only))
 
 
 def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     """Load everything a resumed fit needs; the generators are restored later, when the loop starts."""
-    live: dict[str, Any] = {"state_dict": trainer._model, "precision": trainer.strategy.precision}
-    for index, optimizer in enumerate(trainer._optimizers):
-        live[f"optimizer_{index}"] = optimizer
     try:
-        rest = _load(trainer, path, live)
+        loaded = read_checkpoint(
+            trainer.strategy,
+            path,
+            _objects(trainer),
+            {"loops": None},
+            weights_only=trainer._ckpt_weights_only,
+            opt_out=_opt_out(trainer),
+        )
     except KeyError as error:
         raise ValueError(
             f"Cannot resume training from '{path}': {error.args[0]} A checkpoint saved with weights_only=True (or by "
             f"another program) holds no training state; load its weights with "
             f"{type(trainer._module).__name__}.load_from_checkpoint, or start a new fit."
         ) from None
-    schedulers = rest.get("lr_schedulers", [])
-    if len(schedulers) != len(trainer._scheduler_configs):
-        raise ValueError(
-            f"The checkpoint '{path}' has {len(schedulers)} LR scheduler(s) but configure_optimizers() made "
-            f"{len(trainer._scheduler_configs)}; resume with the configuration that wrote it."
-        )
-    for config, scheduler_state in zip(trainer._scheduler_configs, schedulers):
-        config.scheduler.load_state_dict(scheduler_state)
-    loops = rest.get("loops", {})
+    loops, rest = loaded.entries["loops"], loaded.rest
     trainer._progress.load_state_dict(loops.get("fit", {}))
     trainer.should_stop = bool(loops.get("should_stop", False))
     callback_states = rest.get("callbacks", {})
@@ -129,40 +118,32 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     datamodule = trainer.datamodule
     if datamodule is not None and "datamodule" in rest:
         datamodule.load_state_dict(rest["datamodule"])
-    states = rest.get("rng_states")
-    if states:
-        strategy = trainer.strategy
-        trainer._pending_rng = state_for_rank(
-            states, strategy.global_rank, strategy.world_size, source=str(path)
-        )
+    trainer._pending_process = loaded.process
     trainer._restored = True
-    trainer._hooks.call("on_load_checkpoint", rest)
+    trainer._hooks.call("on_load_checkpoint", {**rest, **loaded.entries})
 
 
 def restore_weights(trainer: Trainer, path: str | Path) -> None:
     """Load only the module's weights (for validate/test/predict with ``ckpt_path``)."""
-    rest = _load(trainer, path, {"state_dict": trainer._model})
-    trainer._hooks.call("on_load_checkpoint", rest)
+    loaded = read_checkpoint(
+        trainer.strategy,
+        path,
+        TrainingObjects(models=[trainer._model]),
+        weights_only=trainer._ckpt_weights_only,
+        opt_out=_opt_out(trainer),
+        models_only=True,
+    )
+    trainer._hooks.call("on_load_checkpoint", loaded.rest)
 
 
-def _load(trainer: Trainer, path: str | Path, live: dict[str, Any]) -> dict[str, Any]:
-    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+def _objects(trainer: Trainer) -> TrainingObjects:
+    return TrainingObjects(
+        models=[trainer._model],
+        optimizers=trainer._optimizers,
+        schedulers=[config.scheduler for config in trainer._scheduler_configs],
+    )
 
+
+def _opt_out(trainer: Trainer) -> str:
     fn = trainer.state.fn.value if trainer.state.fn is not None else "fit"
-    safe = trainer._ckpt_weights_only
-    try:
-        # Passed only when it differs from the default: a user strategy's load_state may predate it.
-        if safe:
-            return trainer.strategy.load_state(path, live, strict=True)
-        return trainer.strategy.load_state(path, live, strict=True, weights_only=False)
-    except UnsafeCheckpointError as error:
-        raise error.with_opt_out(f"Trainer.{fn}(..., ckpt_path=..., weights_only=False)") from None
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("drivetrain")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "unknown"
+    return f"Trainer.{fn}(..., ckpt_path=..., weights_only=False)"

@@ -19,8 +19,8 @@ from torch import nn
 
 from drivetrain.connector import connect
 from drivetrain.loggers.logger import Logger
+from drivetrain.strategies.checkpointing import restore_process_state
 from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from drivetrain.strategies.rng import restore_rng_states
 from drivetrain.strategies.strategy import Strategy
 from drivetrain.trainer import checkpointing
 from drivetrain.trainer.callbacks.callback import Callback
@@ -200,7 +200,7 @@ class Trainer(TrainerProperties):
         self._ckpt_weights_only = True
         self._validations_run = 0
         self._restored = False
-        self._pending_rng: dict[str, Any] | None = None
+        self._pending_process: dict[str, Any] | None = None  # this rank's record of a resumed checkpoint
         self._strategy_ready = False
         self._ran_here = False
         self._return_predictions = True
@@ -385,7 +385,7 @@ class Trainer(TrainerProperties):
             datamodule.trainer = self
         self._hooks = HookRunner(self, module, self._callbacks, TrainingModule, Callback)
         self._restored = False
-        self._pending_rng = None
+        self._pending_process = None
         stage = fn.value
         fitting = fn == TrainerFn.FITTING
         status = "success"
@@ -470,9 +470,9 @@ class Trainer(TrainerProperties):
         self.state.stage = RunningStage.TRAINING
 
     def _restore_rng_if_resuming(self) -> None:
-        if self._pending_rng is not None:
-            restore_rng_states(self.strategy, self._pending_rng)
-            self._pending_rng = None
+        if self._pending_process is not None:
+            restore_process_state(self.strategy, self._pending_process)
+            self._pending_process = None
 
     def _hyperparameters(self) -> dict[str, Any]:
         params = dict(self._module.hparams) if self._module is not None else {}

@@ -26,7 +26,7 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,6 +105,23 @@ def publish_file(written: Path, path: Path) -> None:
     """Atomically make the complete, flushed file ``written`` the file ``path`` (replacing any old one)."""
     os.replace(written, path)
     fsync_directory(path.parent)
+
+
+def write_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """Write a file crash-safely: ``write(temporary)``, flush it to disk, then rename it to ``path``.
+
+    On any error the temporary file is removed and whatever was at ``path`` stays.
+    """
+    path = local_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with in_flight(partial_path(path, new_token())) as tmp:
+        try:
+            write(tmp)
+            fsync_file(tmp)
+            publish_file(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def publish_folder(staging: Path, path: Path, token: str) -> None:

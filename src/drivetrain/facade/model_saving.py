@@ -1,0 +1,164 @@
+"""Saving models and objects from the Accelerator: ``save``, ``save_model``, ``get_state_dict``, ``unwrap_model``.
+
+These write what a user exports (weights in Hugging Face's layout, any object), not the training
+state (that is :mod:`drivetrain.facade.checkpointing`). Every file is written crash-safely (a
+temporary file, flushed, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from drivetrain.facade.process_control import ProcessControl
+from drivetrain.facade.wrappers import PrecisionForward
+from drivetrain.plugins.io.atomic import write_file
+from drivetrain.utils.configuration import ProjectConfiguration
+
+
+class ModelSaving(ProcessControl):
+    """``save``, ``save_model``, ``get_state_dict``, ``unwrap_model`` (a mixin of :class:`drivetrain.Accelerator`)."""
+
+    project_configuration: ProjectConfiguration
+
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        """The user's module inside the strategy's wrappers (and, unless asked, its precision wrapper)."""
+        inner = self.strategy.unwrap_module(model)
+        if not keep_fp32_wrapper and isinstance(inner.__dict__.get("forward"), PrecisionForward):
+            del inner.forward
+        if keep_torch_compile:
+            outer: Any = model
+            while isinstance(outer, nn.parallel.DistributedDataParallel):
+                outer = outer.module
+            if hasattr(outer, "_orig_mod"):
+                return outer
+        return inner
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """``model``'s state dict as the strategy assembles it (whole, even when sharded)."""
+        return self.strategy.get_module_state_dict(model)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` once (main process; each node's with ``save_on_each_node``), atomically."""
+        writer = (
+            self.is_local_main_process
+            if self.project_configuration.save_on_each_node
+            else self.is_main_process
+        )
+        if writer:
+            save_object(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save ``model``'s weights to ``save_directory`` (``model.safetensors``, sharded past ``max_shard_size``)."""
+        directory = Path(save_directory)
+        if directory.is_file():
+            raise ValueError(f"save_model expects a directory, but '{directory}' is a file.")
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            write_model(state_dict, directory, max_shard_size, safe_serialization)
+
+
+def save_object(obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+    """Write ``obj`` to ``f`` crash-safely, with ``torch.save`` or as safetensors."""
+    if safe_serialization:
+        write_file(f, lambda tmp: _write_safetensors(obj, tmp))
+    else:
+        write_file(f, lambda tmp: torch.save(obj, tmp))
+
+
+def _write_safetensors(obj: Any, path: Path) -> None:
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ImportError(
+            "safe_serialization=True needs the 'safetensors' package: pip install safetensors (or pass "
+            "safe_serialization=False to write with torch.save)."
+        ) from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise TypeError(
+            "safe_serialization=True writes a dict of tensors (a state dict); got "
+            f"{type(obj).__name__}. Pass safe_serialization=False to save other objects with torch.save."
+        )
+    save_file(_unshared(obj), str(path), metadata={"format": "pt"})
+
+
+def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, each with its own storage (safetensors refuses shared ones, e.g. tied weights)."""
+    seen: set[tuple[Any, int]] = set()
+    result = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().contiguous()
+        key = (tensor.device, tensor.untyped_storage().data_ptr()) if tensor.numel() else None
+        if key is not None and key in seen:
+            tensor = tensor.clone()
+        elif key is not None:
+            seen.add(key)
+        result[name] = tensor
+    return result
+
+
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string such as ``"10GB"`` or ``"500MiB"``."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", str(size).upper())
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(
+            f"max_shard_size={size!r} is not a size; use bytes (an int) or a string like '10GB' or '500MB'."
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def write_model(
+    state_dict: dict[str, torch.Tensor], directory: Path, max_shard_size: int | str, safe_serialization: bool
+) -> None:
+    """Write a state dict as one file, or as shards with an index, in Hugging Face's layout."""
+    limit = parse_size(max_shard_size)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_object(shards[0], directory / f"{stem}{suffix}", safe_serialization)
+        return
+    weight_map = {}
+    for number, shard in enumerate(shards, start=1):
+        filename = f"{stem}-{number:05d}-of-{len(shards):05d}{suffix}"
+        save_object(shard, directory / filename, safe_serialization)
+        weight_map.update(dict.fromkeys(shard, filename))
+    total = sum(t.numel() * t.element_size() for t in state_dict.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / f"{stem}{suffix}.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))

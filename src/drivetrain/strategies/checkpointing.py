@@ -1,0 +1,291 @@
+"""One checkpoint for both front doors: its entries, and the one writer and reader they call.
+
+A Trainer checkpoint (``ModelCheckpoint``, ``Trainer.save_checkpoint``) and an
+``Accelerator.save_state`` are the same dict and go through the same two functions,
+:func:`write_checkpoint` and :func:`read_checkpoint`; they differ only in the entries each door
+adds. The user's guide is ``docs/checkpoints.md``.
+
+The entries this module owns:
+
+``"drivetrain"``
+    ``{"format": 1, "version": ..., "door": "trainer" | "accelerator", "world_size": N,
+    "counts": {"models": m, "optimizers": o, "schedulers": s}}``: what wrote the checkpoint.
+``"state_dict"`` (``"state_dict_1"``, …)
+    each model's weights (the strategy gathers or shards them).
+``"optimizer_<i>"``, ``"scheduler_<i>"``
+    each optimizer's and LR scheduler's state.
+``"precision"``
+    the precision plugin's state (the fp16 loss scaler).
+``"processes"``
+    one record per process, by global rank: ``{"rng": ..., "dataloaders": [...]}``, the random
+    generators (:mod:`drivetrain.strategies.rng`) and each prepared loader's position. A run
+    resumed on another number of processes follows :func:`~drivetrain.strategies.rng.state_for_rank`.
+
+What the doors add: the Trainer ``"epoch"``, ``"global_step"``, ``"hyper_parameters"``,
+``"loops"``, ``"callbacks"``, ``"results"``, ``"datamodule"`` and whatever ``on_save_checkpoint``
+hooks put in; the Accelerator ``"custom_<i>"`` (objects given to ``register_for_checkpointing``),
+``"accumulation_step"`` and ``"iteration"``.
+
+Writing is crash-safe because each strategy's ``save_state`` is (write under a temporary name,
+verify, publish atomically); callers prune older checkpoints only after :func:`write_checkpoint`
+returns. Reading is safe by default (``weights_only``); see :mod:`drivetrain.plugins.io.safe_loading`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.plugins.io.atomic import resolve
+from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from drivetrain.strategies.strategy import Strategy
+
+FORMAT = 1
+META = "drivetrain"
+PRECISION = "precision"
+PROCESSES = "processes"
+_KINDS = ("models", "optimizers", "schedulers")
+
+
+def model_key(index: int) -> str:
+    """``"state_dict"`` for the first model (Lightning's name), ``"state_dict_<i>"`` for the others."""
+    return "state_dict" if index == 0 else f"state_dict_{index}"
+
+
+def optimizer_key(index: int) -> str:
+    return f"optimizer_{index}"
+
+
+def scheduler_key(index: int) -> str:
+    return f"scheduler_{index}"
+
+
+@dataclass
+class TrainingObjects:
+    """The live objects a front door checkpoints, by role (each list in the door's own order)."""
+
+    models: Sequence[nn.Module]
+    optimizers: Sequence[Optimizer] = ()
+    #: LR schedulers (objects with ``state_dict``/``load_state_dict``).
+    schedulers: Sequence[Any] = ()
+    #: Prepared data loaders whose ``state_dict`` is their position.
+    dataloaders: Sequence[Any] = ()
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What :func:`read_checkpoint` found besides what it restored in place."""
+
+    #: Where the checkpoint was read from (the published path, or what a crash left in its place).
+    path: Path
+    #: This process's record (generators, loader positions), chosen by the resume policy.
+    process: dict[str, Any] | None
+    #: The door's entries as loaded (plain values; live objects were restored in place).
+    entries: dict[str, Any] = field(default_factory=dict)
+    #: Entries of the checkpoint nobody asked for (hook additions, for ``on_load_checkpoint``).
+    rest: dict[str, Any] = field(default_factory=dict)
+
+
+# -- per-process records: the one place that decides what a process contributes ------------------
+def capture_process_state(strategy: Strategy, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
+    """This process's record: its random generators and the position of each prepared loader."""
+    return {
+        "rng": capture_rng_states(strategy),
+        "dataloaders": [loader.state_dict() for loader in dataloaders],
+    }
+
+
+def restore_process_state(
+    strategy: Strategy, record: dict[str, Any], dataloaders: Sequence[Any] = (), *, source: str = "checkpoint"
+) -> None:
+    """Put a process's generators back and move each prepared loader to its saved position."""
+    positions = record.get("dataloaders", [])
+    if dataloaders and len(positions) != len(dataloaders):
+        raise ValueError(
+            f"'{source}' holds the positions of {len(positions)} data loader(s), but {len(dataloaders)} are prepared "
+            f"now. Prepare the same loaders, in the same order, before loading."
+        )
+    for loader, position in zip(dataloaders, positions):
+        loader.load_state_dict(position)
+    restore_rng_states(strategy, record["rng"])
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def checkpoint_entries(
+    strategy: Strategy, objects: TrainingObjects, *, door: str, weights_only: bool = False
+) -> dict[str, Any]:
+    """The core entries as live objects, ready for the door to add its own (every rank calls it).
+
+    With ``weights_only`` only the metadata and the models. Gathering the per-process records is
+    a collective, so every process must call this.
+    """
+    counts = {
+        "models": len(objects.models),
+        "optimizers": 0 if weights_only else len(objects.optimizers),
+        "schedulers": 0 if weights_only else len(objects.schedulers),
+    }
+    entries: dict[str, Any] = {
+        META: {
+            "format": FORMAT,
+            "version": _version(),
+            "door": door,
+            "world_size": strategy.world_size,
+            "counts": counts,
+        }
+    }
+    for index, model in enumerate(objects.models):
+        entries[model_key(index)] = model
+    if weights_only:
+        return entries
+    for index, optimizer in enumerate(objects.optimizers):
+        entries[optimizer_key(index)] = optimizer
+    for index, scheduler in enumerate(objects.schedulers):
+        entries[scheduler_key(index)] = scheduler
+    entries[PRECISION] = strategy.precision
+    entries[PROCESSES] = strategy.all_gather_object(capture_process_state(strategy, objects.dataloaders))
+    return entries
+
+
+def write_checkpoint(strategy: Strategy, path: str | os.PathLike[str], entries: dict[str, Any]) -> None:
+    """Write ``entries`` to ``path`` on every process's behalf; every process calls it.
+
+    The strategy writes it its way (one file, or a folder every rank contributes to) under a
+    temporary name, verifies it and publishes it atomically; when this returns on any process
+    the checkpoint is complete under ``path``, and callers may prune older ones.
+    """
+    strategy.save_state(os.fspath(path), entries)
+    strategy.barrier("drivetrain.write_checkpoint")
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def read_checkpoint(
+    strategy: Strategy,
+    path: str | os.PathLike[str],
+    objects: TrainingObjects,
+    door_entries: dict[str, Any] | None = None,
+    *,
+    weights_only: bool = True,
+    opt_out: str = "weights_only=False",
+    models_only: bool = False,
+) -> LoadedCheckpoint:
+    """Restore ``objects`` (and the door's live entries) from ``path``; every process calls it.
+
+    Modules, optimizers, schedulers, the precision plugin and objects with ``load_state_dict`` in
+    ``door_entries`` are restored in place; plain values in ``door_entries`` are replaced by the
+    saved ones (see :attr:`LoadedCheckpoint.entries`).
+
+    Args:
+        weights_only: read safely (the default); ``False`` unpickles anything (trusted files only).
+        opt_out: how the caller's user turns safe loading off, named in a refusal.
+        models_only: restore the models only (evaluation from a training checkpoint).
+
+    Raises:
+        FileNotFoundError: nothing was published at ``path``.
+        KeyError: an entry asked for is missing (a weights-only checkpoint cannot resume training).
+        ValueError: the checkpoint holds more models, optimizers or schedulers than ``objects``.
+        DamagedCheckpointError, UnsafeCheckpointError: see :mod:`drivetrain.plugins.io.safe_loading`.
+    """
+    located = resolve(path)
+    if located is None:
+        raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{Path(path).resolve()}').")
+    live: dict[str, Any] = {model_key(index): model for index, model in enumerate(objects.models)}
+    if not models_only:
+        live.update({optimizer_key(index): opt for index, opt in enumerate(objects.optimizers)})
+        live.update({scheduler_key(index): sched for index, sched in enumerate(objects.schedulers)})
+        live.update({PRECISION: strategy.precision, META: None, PROCESSES: None})
+    door_entries = dict(door_entries or {})
+    live.update(door_entries)
+    try:
+        # weights_only is passed only when it differs from the default: a user strategy's
+        # load_state may predate the argument.
+        if weights_only:
+            rest = strategy.load_state(located, live, strict=True)
+        else:
+            rest = strategy.load_state(located, live, strict=True, weights_only=False)
+    except UnsafeCheckpointError as error:
+        raise error.with_opt_out(opt_out) from None
+    except KeyError:
+        if not models_only:
+            _explain_missing(strategy, located, objects, weights_only)
+        raise
+    process = None
+    if not models_only:
+        _check_counts(located, live[META], objects)
+        process = state_for_rank(live[PROCESSES], strategy.global_rank, strategy.world_size, source=str(path))
+    return LoadedCheckpoint(
+        path=located, process=process, entries={name: live[name] for name in door_entries}, rest=rest
+    )
+
+
+def _explain_missing(strategy: Strategy, path: Path, objects: TrainingObjects, weights_only: bool) -> None:
+    """Turn "no entry 'scheduler_1'" into "saved with 1 scheduler, 2 now" when the counts say so."""
+    absent = object()
+    probe: dict[str, Any] = {META: None, PROCESSES: absent}
+    try:
+        if weights_only:
+            strategy.load_state(path, probe, strict=False)
+        else:
+            strategy.load_state(path, probe, strict=False, weights_only=False)
+    except Exception:
+        return  # the original error says enough (some strategies load nothing without their engine)
+    meta = probe[META]
+    if probe[PROCESSES] is absent:
+        return  # a weights-only checkpoint: the caller explains that it holds no training state
+    if isinstance(meta, dict) and meta.get("format") == FORMAT:
+        saved, live = meta.get("counts", {}), _counts(objects)
+        differ = [
+            f"{saved.get(kind, 0)} {kind} (now: {live[kind]})"
+            for kind in _KINDS
+            if saved.get(kind) != live[kind]
+        ]
+        if differ:
+            raise ValueError(
+                f"The checkpoint '{path}' was saved with {', '.join(differ)}. Set up the same models, optimizers "
+                f"and schedulers, in the same order, to resume from it."
+            )
+
+
+def _counts(objects: TrainingObjects) -> dict[str, int]:
+    return {
+        "models": len(objects.models),
+        "optimizers": len(objects.optimizers),
+        "schedulers": len(objects.schedulers),
+    }
+
+
+def _check_counts(path: Path, meta: Any, objects: TrainingObjects) -> None:
+    """Refuse a checkpoint with more models/optimizers/schedulers than are live: a subset would load silently."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(
+            f"'{path}' was not written by this version of drivetrain (checkpoint format {FORMAT}); it cannot be "
+            f"resumed. Load its weights alone, or resume with the drivetrain version that wrote it."
+        )
+    saved = meta.get("counts", {})
+    live = _counts(objects)
+    keys = {"models": model_key, "optimizers": optimizer_key, "schedulers": scheduler_key}
+    extra = [kind for kind in _KINDS if saved.get(kind, 0) > live[kind]]
+    if extra:
+        counts = ", ".join(f"{saved[kind]} {kind} (now: {live[kind]})" for kind in extra)
+        left = [keys[kind](index) for kind in extra for index in range(live[kind], saved[kind])]
+        raise ValueError(
+            f"The checkpoint '{path}' holds {counts}: loading it would leave {', '.join(map(repr, left))} "
+            f"unrestored. Set up the same models, optimizers and schedulers, in the same order, before loading."
+        )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("drivetrain")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "unknown"
