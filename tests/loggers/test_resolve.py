@@ -139,6 +139,8 @@ def test_bad_values_are_explained_the_same_way_by_both_doors(
             door("comet")
         with pytest.raises(TypeError, match=r"holds int \(3\).*'all' \(every installed one\)"):
             door(["csv", 3])
+    with pytest.raises(ValueError, match=r"names the logger 'comet'"):
+        dt.Trainer(accelerator="cpu", devices=1, logger="comet", fast_dev_run=True)  # checked, then dropped
     monkeypatch.setattr(imports, "package_available", lambda name: name != "wandb")
     with pytest.raises(
         ImportError, match=r"WandbLogger needs the 'wandb' package.*pip install 'drivetrain\[wandb\]'"

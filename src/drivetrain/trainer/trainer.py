@@ -170,10 +170,8 @@ class Trainer(TrainerProperties):
         self._use_distributed_sampler = use_distributed_sampler
         self._default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         fast = self._settings.fast_dev_run > 0
-        self._metrics = MetricsHub(
-            [] if fast else resolve_loggers(logger, self._default_root_dir),
-            epoch=functools.partial(_current_epoch, self),
-        )
+        loggers = resolve_loggers(logger, self._default_root_dir)  # checked even when fast_dev_run drops them
+        self._metrics = MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self))
         self._callbacks = configure_callbacks(
             callbacks,
             enable_progress_bar=enable_progress_bar,
