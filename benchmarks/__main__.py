@@ -194,16 +194,13 @@ def _stem(quick: bool, trees: bool, complete: bool) -> str:
 
 def _add_tree_comparison(results: list[CaseResult], names: list[str]) -> None:
     """With several drivetrain trees, each case gets a table of every tree against the first."""
-    if len(names) < 2:
-        return
+    baseline = names[0]
     for result in results:
-        changes = source_changes(result.measurements, names)
-        if changes:
-            result.tables.append(
-                changes_table(
-                    f"Trees compared: {' / '.join(names[1:])} against {names[0]}", changes, names[0], "tree"
-                )
-            )
+        for other in names[1:]:
+            changes = source_changes(result.measurements, baseline, other)
+            if changes:
+                title = f"Trees compared: {other} against {baseline}"
+                result.tables.append(changes_table(title, changes, baseline, other, drop=f" [{other}]"))
 
 
 def _positive_int(text: str) -> int:

@@ -114,26 +114,23 @@ def changes_between(
     ]
 
 
-def source_changes(measurements: Iterable[Measurement], sources: Sequence[str]) -> list[Change]:
-    """Each tree's measurements against the first tree's (keys differing only in ``@tree``)."""
-    if len(sources) < 2:
-        return []
-    baseline = sources[0]
+def source_changes(measurements: Iterable[Measurement], baseline: str, other: str) -> list[Change]:
+    """Tree ``other``'s measurements against tree ``baseline``'s (keys differing only in ``@tree``)."""
     by_key = {m.key: m for m in measurements}
+    marker = f"@{other}/"
     found = []
     for key, measurement in by_key.items():
-        for other in sources[1:]:
-            marker = f"@{other}/"
-            if marker in key:
-                old = by_key.get(key.replace(marker, f"@{baseline}/"))
-                if old is not None:
-                    found.append(change(old, measurement))
+        if marker in key:
+            old = by_key.get(key.replace(marker, f"@{baseline}/"))
+            if old is not None:
+                found.append(change(old, measurement))
     return found
 
 
 def changes_table(
-    title: str, changes: Sequence[Change], old_name: str = "old", new_name: str = "new"
+    title: str, changes: Sequence[Change], old_name: str = "old", new_name: str = "new", *, drop: str = ""
 ) -> Table:
+    """One row per change; ``drop`` is removed from the labels (a tree's ``[name]``, say)."""
     rows = []
     for item in changes:
         decisions = ""
@@ -142,7 +139,7 @@ def changes_table(
         signed = item.new.unit == "s"
         rows.append(
             [
-                item.new.label,
+                item.new.label.replace(drop, "") if drop else item.new.label,
                 fmt_measurement(item.old, signed=signed),
                 fmt_measurement(item.new, signed=signed),
                 item.describe(),

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 from benchmarks.__main__ import main
-from benchmarks.compare import CompareError, change, load_measurements, render_comparison, source_changes
+from benchmarks.compare import (
+    CompareError,
+    change,
+    changes_table,
+    load_measurements,
+    render_comparison,
+    source_changes,
+)
 from benchmarks.intervals import Measurement, Scale
 from benchmarks.report import CaseResult, write_results
 
@@ -114,8 +121,11 @@ def test_trees_of_one_run_are_compared_with_the_first() -> None:
         _ratio("step_time/tiny/drivetrain_trainer@after/step_s", 1.01),
         _ratio("step_time/tiny/lightning_trainer/step_s", 2.0),
     ]
-    changes = source_changes(measurements, ["before", "after"])
+    changes = source_changes(measurements, "before", "after")
     assert len(changes) == 1
     assert changes[0].old.key.endswith("@before/step_s") and changes[0].new.key.endswith("@after/step_s")
     assert changes[0].verdict == "lower"
-    assert source_changes(measurements, ["only"]) == []
+    assert source_changes(measurements, "before", "other") == []
+    table = changes_table("Trees compared: after against before", changes, "before", "after", drop="@after")
+    assert table.header[1:3] == ["before", "after"]
+    assert table.rows[0][0] == "drivetrain_trainer"  # the tree is in the column header

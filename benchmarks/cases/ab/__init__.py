@@ -136,14 +136,19 @@ def run(context: Context) -> CaseResult:
     finally:
         runner.close()
 
+    more = ""
+    if sizing.max_processes > sizing.min_processes:
+        more = (
+            f" (from {sizing.min_processes}, more are added, up to {sizing.max_processes}, until every drivetrain "
+            f"ratio is known within ±{sizing.half_width:.1%})"
+        )
     result = CaseResult(
         name="ab",
         title="In-process A/B: per-step overhead, tiny MLP 32→64→1",
         description=(
             f"All variants in one process, 1 intra-op thread, advancing in turns of {BLOCK_STEPS} optimizer "
             f"steps (order from a balanced Latin square), {sizing.rounds} rounds per process after "
-            f"{WARMUP_STEPS} warm-up steps, {processes} process(es) per drivetrain tree (more are added, up to "
-            f"{sizing.max_processes}, until every drivetrain ratio is known within ±{sizing.half_width:.1%}). "
+            f"{WARMUP_STEPS} warm-up steps, {processes} process(es) per drivetrain tree{more}. "
             f"Ratio = block time over raw's block time in the same round; the targets use the process CPU "
             f"clock. Final losses must match raw's within rel. {LOSS_REL_TOL:g}."
         ),
