@@ -25,7 +25,7 @@ from benchmarks.compare import CompareError, changes_table, render_comparison, s
 from benchmarks.harness import Context
 from benchmarks.peers import ensure_peers_venv, probe_versions
 from benchmarks.report import CaseResult, describe_machine, render_markdown, write_results
-from benchmarks.sources import SourceError, parse_sources
+from benchmarks.sources import SourceError, parse_sources, trees_that_moved
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CPU_CASES = ("import_time", "ab", "step_time", "ddp", "instructions")
@@ -150,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         (gpu_results if name == "gpu" else cpu_results).append(outcome)
         _log(f"== {name}: {time.perf_counter() - case_started:.0f} s (load before: {before.describe()})")
 
+    if args.drivetrain_src:
+        moved = trees_that_moved(machine["drivetrain_sources"], sources)
+        for result in [*cpu_results, *gpu_results][:1]:
+            result.warnings += moved
+        for line in moved:
+            _log("WARNING: " + line)
     problems = [p for r in [*cpu_results, *gpu_results] for p in r.problems]
     names = [s.name for s in sources]
     if cpu_results:

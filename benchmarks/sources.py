@@ -116,3 +116,16 @@ def git_description(path: Path) -> str | None:
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return None
     return completed.stdout.strip() or None
+
+
+def trees_that_moved(at_start: dict[str, dict[str, str | None]], sources: Sequence[Source]) -> list[str]:
+    """Warnings for trees whose checkout changed during the run (a landing mid-run mixes versions)."""
+    moved = []
+    for source in sources:
+        before, after = at_start[source.name]["commit"], source.describe()["commit"]
+        if before != after:
+            moved.append(
+                f"drivetrain tree {source.name!r} changed during the run ({before} at the start, {after} at the "
+                f"end): its samples may come from both versions; rerun with the tree left alone"
+            )
+    return moved

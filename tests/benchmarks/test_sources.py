@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from benchmarks.harness import Runner, Variant
-from benchmarks.sources import REPO_ROOT, Source, SourceError, default_source, parse_sources
+from benchmarks.sources import REPO_ROOT, Source, SourceError, default_source, parse_sources, trees_that_moved
 
 
 def _tree(root: Path, name: str) -> Path:
@@ -97,3 +98,26 @@ def test_a_sample_that_imported_another_drivetrain_is_refused(tmp_path: Path) ->
     assert sample.error.startswith(
         f"imported drivetrain from {elsewhere / 'drivetrain' / '__init__.py'}, not from {tree}"
     )
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
+
+
+def test_a_tree_that_changes_during_the_run_is_called_out(tmp_path: Path) -> None:
+    src = _tree(tmp_path, "checkout")
+    repo = src.parent
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    source = Source("after", src)
+    at_start = {"after": source.describe()}
+    assert at_start["after"]["commit"] is not None
+    assert trees_that_moved(at_start, [source]) == []
+    (src / "drivetrain" / "more.py").write_text("")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "landed meanwhile")
+    [warning] = trees_that_moved(at_start, [source])
+    assert warning.startswith("drivetrain tree 'after' changed during the run")
