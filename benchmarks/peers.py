@@ -2,12 +2,15 @@
 
 Created on first use at ``benchmarks/.peers-venv`` (git-ignored) with the same pinned torch as
 the project (``constraints.txt``), so that both interpreters run the same torch build and only the
-framework differs. Later runs reuse it after a quick check that the packages import.
+framework differs. drivetrain's own runtime dependencies go in too (not drivetrain itself): the
+in-process A/B case runs drivetrain from a source tree on ``PYTHONPATH`` in this interpreter,
+beside the peers. Later runs reuse it after a quick check that every package is there.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -46,11 +49,29 @@ def probe_versions(python: Path | str, packages: Sequence[str]) -> dict[str, str
     return json.loads(completed.stdout)
 
 
+def drivetrain_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
+    """drivetrain's runtime requirements (``[project] dependencies``), as pip takes them."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the installed drivetrain's metadata says the same
+        import importlib.metadata
+
+        return [r for r in importlib.metadata.requires("drivetrain") or [] if "extra ==" not in r]
+    return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+
+
+def requirement_name(requirement: str) -> str:
+    """The distribution name of a requirement string (``"numpy>=1.22"`` -> ``"numpy"``)."""
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+
+
 def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = print) -> Path:
     """Return the peers' interpreter, creating the environment first if it is absent or incomplete."""
     python = venv_python(venv)
+    requirements = [*PEER_PACKAGES, *drivetrain_requirements()]
     if python.exists():
-        versions = probe_versions(python, ("torch", "lightning", "accelerate"))
+        names = sorted({requirement_name(r) for r in requirements})
+        versions = probe_versions(python, names)
         if all(versions.values()):
             return python
         log(f"peers' venv at {venv} lacks {[k for k, v in versions.items() if not v]}; installing")
@@ -69,7 +90,7 @@ def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = prin
             "--disable-pip-version-check",
             "-c",
             str(REPO_ROOT / "constraints.txt"),
-            *PEER_PACKAGES,
+            *requirements,
         ],
         check=True,
     )
