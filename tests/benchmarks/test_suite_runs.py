@@ -78,6 +78,9 @@ def test_two_trees_are_measured_side_by_side_and_compared(tmp_path: Path) -> Non
     )
     text = (out / "quick.md").read_text()
     assert "**Trees compared: copy against main**" in text
+    trees = text.split("**Trees compared: copy against main**")[-1]
+    assert "| measurement | main | copy | change [95 %] | verdict | target decision |" in trees
+    assert "| drivetrain Accelerator, tiny MLP (in-process A/B, CPU time) |" in trees
     assert "| drivetrain Accelerator [copy], tiny MLP (in-process A/B, CPU time) |" in text
     assert "Machine load before:" in text
 

@@ -53,6 +53,7 @@ BUDGET_S = 120.0
 # Intervals wider than this at the end are worth a warning: the targets cannot be resolved.
 WIDE = 0.01
 QUICK_ROUNDS = 10
+CLOCKS = {"cpu": "CPU time", "wall": "wall time"}
 LIMITS = {"drivetrain_trainer_log": 1.05, "drivetrain_accelerator": 1.02}
 
 
@@ -245,7 +246,7 @@ def _measurements(results: list[dict[str, Any]], chosen: dict[str, Any], source:
                 for r in results
                 if not r["variants"][name].get("error") and not r["variants"]["raw"].get("error")
             ]
-            label = f"{LABELS[name]}{source.label_suffix}, tiny MLP (in-process A/B, {clock.upper()} time)"
+            label = f"{LABELS[name]}{source.label_suffix}, tiny MLP (in-process A/B, {CLOCKS[clock]})"
             limit = LIMITS.get(name) if clock == "cpu" else None
             found.append(Measurement(f"ab/tiny/{shown}/{clock}", label, Scale.RATIO, "× raw", groups, limit))
     return found

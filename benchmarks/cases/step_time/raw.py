@@ -44,6 +44,9 @@ def main() -> None:
     model, rank = train(config)
     common.report(config, clock, model, rank=rank)
     if dist.is_initialized():
+        # Leave together: a rank that tears gloo down while rank 0 still computes the final loss
+        # gets SIGABRT (seen under load), which would fail the case's reference run.
+        dist.barrier()
         dist.destroy_process_group()
 
 
