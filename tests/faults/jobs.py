@@ -14,8 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from helpers.scripts import clean_env
 
@@ -77,7 +81,10 @@ class Job:
         return self.process.returncode, out, err
 
     def kill(self) -> None:
-        for pid in session_processes(self.session):
+        """Kill every process of the job: its session, and ranks that left it (torchrun starts new sessions)."""
+        ranks = [int(f.read_text()) for f in self.directory.glob("rank*.pid") if f.read_text()]
+        ranks = [pid for pid in ranks if _runs_the_program(pid)]  # not a recycled pid
+        for pid in [*session_processes(self.session), *ranks]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -115,6 +122,13 @@ def session_processes(session: int) -> list[int]:
     return found
 
 
+def _runs_the_program(pid: int) -> bool:
+    try:
+        return PROGRAM.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -141,3 +155,27 @@ def report(test: str, trials: int, passes: int, worst_seconds: float, **extra: o
     line = {"test": test, "trials": trials, "passes": passes, "worst_s": round(worst_seconds, 2), **extra}
     with open(path, "a") as file:
         file.write(json.dumps(line) + "\n")
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    """``launch(mode, door, fault, **env)`` starts the fault program in a directory under ``tmp_path``.
+
+    Every job started is killed, with all its processes, when the test ends, however it ends.
+    """
+    started: list[Job] = []
+
+    def launch_job(mode: str, door: str, fault: str, **env: Any) -> Job:
+        directory = tmp_path / f"job{len(started)}"
+        directory.mkdir()
+        job = start(mode, door, fault, directory, **env)
+        started.append(job)
+        return job
+
+    yield launch_job
+    for job in started:
+        job.kill()
+        try:
+            job.process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # an orphan we could not find holds the pipes
+            job.process.kill()

@@ -1,9 +1,11 @@
 """``drivetrain launch``: start a script on N processes per node, on one or several nodes.
 
 Built on ``torch.distributed.run`` (torchrun): drivetrain adds no transport of its own. A single
-node rendezvouses through a store bound to a free port (no port races); several nodes use
+node rendezvouses through one store this process hosts on loopback, on a free port (no port
+races, nothing reachable from the network); several nodes use
 ``--master-addr``/``--master-port`` (static) or ``--rdzv-backend c10d --rdzv-endpoint host:port``.
-If any process fails, torchrun stops the others and this command exits non-zero naming the rank.
+If any process fails, torchrun stops the others and this command exits non-zero naming the rank
+that failed first, how it ended and its error. The ranks die with this command (kill -9 included).
 
 Examples::
 
@@ -20,6 +22,7 @@ import signal
 import sys
 from typing import Any
 
+from drivetrain.cli.loopback_rendezvous import loopback_rendezvous
 from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE
 from drivetrain.strategies.launchers.process_env import threads_per_process
 from drivetrain.strategies.rank_failures import FailureRecord, drivetrain_error_data, root_cause
@@ -143,11 +146,16 @@ def run_launch(args: argparse.Namespace) -> int:
         os.environ[ACCELERATOR_VARIABLE] = args.accelerator
     # torchrun would force 1 thread per process and warn; share the cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc_per_node)))
+    # The ranks die with this process (see TorchElasticEnvironment.launcher_pid), even under kill -9.
+    os.environ["DRIVETRAIN_LAUNCHER_PID"] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    arguments = torchrun_arguments(args, nproc_per_node)
+    if _single_node_without_rendezvous(args):
+        arguments = [*loopback_rendezvous(nproc_per_node), *arguments]
     try:
-        run(parse_args(torchrun_arguments(args, nproc_per_node)))
+        run(parse_args(arguments))
     except ChildFailedError as error:
         print(
             f"drivetrain launch: {args.script} {describe_failures(error.failures)}.",
@@ -156,6 +164,12 @@ def run_launch(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _single_node_without_rendezvous(args: argparse.Namespace) -> bool:
+    """One node, and no rendezvous options: drivetrain hosts the store, on loopback only."""
+    options = (args.master_addr, args.master_port, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id)
+    return str(args.nnodes) in ("1", "1:1") and all(option is None for option in options)
 
 
 def describe_failures(failures: dict[int, Any]) -> str:

@@ -80,6 +80,11 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             ``autocast_kwargs``); one process needs no DDP settings, and a precision without a
             loss scaler or autocast ignores those with a warning.
         dispatch_batches / even_batches: as in ``DataLoaderConfiguration``.
+        debug: check, before every collective (``gather``, ``reduce``, ``wait_for_everyone`` …),
+            that all processes call the same one with tensors of the same shapes and dtypes, and
+            raise :class:`~drivetrain.utils.DistributedOperationException` naming them if not
+            (default: ``ACCELERATE_DEBUG_MODE``). Costs a round trip to the rendezvous store per
+            collective.
 
     drivetrain's arguments (as for :func:`drivetrain.connect`):
         accelerator, strategy, devices (``None``: ``"auto"``), num_nodes, precision, plugins.
@@ -116,8 +121,11 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
+        debug: bool | None = None,
     ) -> None:
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
+        #: Whether every collective first checks that all processes call it alike.
+        self.debug = settings.debug_mode(debug)
         self.device_placement = device_placement
         self.dataloader_config = settings.data_config(
             dataloader_config, split_batches, dispatch_batches, even_batches
@@ -139,6 +147,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             precision=settings.choose_precision(mixed_precision, fp16, precision),
             plugins=plugins,
             handlers=handlers,
+            debug=self.debug,
         )
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []

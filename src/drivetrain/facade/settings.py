@@ -154,9 +154,12 @@ def build_strategy(
     precision: Any,
     plugins: Any,
     handlers: Handlers,
+    debug: bool = False,
 ) -> Strategy:
     """Resolve the settings with one ``connect()``, the kwargs handlers passed on as its options."""
     strategy_options = _strategy_options(handlers)
+    if debug:
+        _debug_strategy(strategy, strategy_options)
     precision_options = _precision_options(handlers)
     built = connect(
         accelerator,
@@ -169,6 +172,42 @@ def build_strategy(
         precision_options=precision_options,
     )
     return built
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def debug_mode(debug: bool | None) -> bool:
+    """``debug`` if given, else ``ACCELERATE_DEBUG_MODE`` (as Accelerate reads it), else off."""
+    if debug is not None:
+        if not isinstance(debug, bool):
+            raise TypeError(f"Accelerator(debug=...) takes True or False, got {debug!r}.")
+        return debug
+    value = os.environ.get("ACCELERATE_DEBUG_MODE")
+    if value is None or value.strip().lower() in _FALSE:
+        return False
+    if value.strip().lower() in _TRUE:
+        return True
+    raise ValueError(
+        f"ACCELERATE_DEBUG_MODE={value!r} is neither true nor false; set it to 1 or 0 (or unset it), or pass "
+        f"Accelerator(debug=True/False)."
+    )
+
+
+def _debug_strategy(strategy: Any, options: dict[str, Any]) -> None:
+    """Debug mode checks every collective (shapes, dtypes, order) through the strategy's ``debug_collectives``."""
+    if isinstance(strategy, str):
+        options["debug_collectives"] = True
+        return
+    from drivetrain.strategies import ParallelStrategy
+
+    if isinstance(strategy, ParallelStrategy) and not strategy.debug_collectives:
+        raise ValueError(
+            f"Debug mode (Accelerator(debug=True) or ACCELERATE_DEBUG_MODE=1) checks collectives through the "
+            f"strategy, but the given {type(strategy).__name__} was built without it. Pass "
+            f"{type(strategy).__name__}(..., debug_collectives=True), or a strategy name."
+        )
 
 
 def _strategy_options(handlers: Handlers) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
 from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class DDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         process_group_backend: str | None = None,
         timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        debug_collectives: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -62,6 +65,8 @@ class DDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             start_method=start_method,
+            stall_timeout=stall_timeout,
+            debug_collectives=debug_collectives,
         )
         unknown = sorted(set(ddp_kwargs) - _ddp_parameters())
         if unknown:

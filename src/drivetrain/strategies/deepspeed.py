@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 from drivetrain._utilities.imports import require
 from drivetrain.plugins.precision.deepspeed import DeepSpeedPrecision
 from drivetrain.strategies import deepspeed_config as cfg
+from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
 from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         start_method: str = "popen",
         process_group_backend: str | None = None,
         timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        debug_collectives: bool = False,
     ) -> None:
         require("deepspeed", extra="deepspeed", feature=_FEATURE)
         super().__init__(
@@ -99,6 +102,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             start_method=start_method,
+            stall_timeout=stall_timeout,
+            debug_collectives=debug_collectives,
         )
         cfg.check_arguments(
             stage=stage,

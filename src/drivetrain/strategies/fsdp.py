@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
 from drivetrain.strategies.consolidate import consolidate_checkpoint
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -94,6 +95,8 @@ class FSDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         process_group_backend: str | None = None,
         timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        debug_collectives: bool = False,
     ) -> None:
         super().__init__(
             accelerator,
@@ -106,6 +109,8 @@ class FSDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             start_method=start_method,
+            stall_timeout=stall_timeout,
+            debug_collectives=debug_collectives,
         )
         if state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import os
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,12 +16,22 @@ import torch.distributed as dist
 from torch import Tensor
 
 from drivetrain._utilities.renamed import sync_renamed_hooks
+from drivetrain.strategies.collective_monitor import STALL_TIMEOUT, CollectiveMonitor
 from drivetrain.strategies.collectives import (
     all_gather_checked,
     all_reduce_copy,
     process_group_backend_for,
 )
-from drivetrain.strategies.rank_failures import record_failure, write_torchelastic_error_file
+from drivetrain.strategies.launchers.launcher import ProcessFailedError
+from drivetrain.strategies.launchers.parent_death import die_with_parent
+from drivetrain.strategies.launchers.store import host_store, is_loopback
+from drivetrain.strategies.rank_failures import (
+    is_lost_peer,
+    read_failures,
+    record_failure,
+    root_cause,
+    write_torchelastic_error_file,
+)
 from drivetrain.strategies.strategy import Strategy, _check_reduce_op
 
 if TYPE_CHECKING:
@@ -49,7 +61,16 @@ class ParallelStrategy(Strategy):
         cluster_environment: where ranks and the rendezvous address come from.
         num_nodes: how many nodes take part.
         process_group_backend: ``"gloo"``, ``"nccl"`` …; by default chosen from the device.
-        timeout: how long a collective may wait for the other ranks (``timedelta`` or seconds).
+        timeout: how long a collective may wait for the other ranks (``timedelta`` or seconds); the
+            backend's own limit, for every collective.
+        stall_timeout: seconds after which a collective that waits for ranks which are elsewhere
+            and make no progress becomes an error naming every rank's place (``None``: no limit
+            but ``timeout``). Ranks waiting in different collectives are an error within seconds
+            regardless. See :mod:`drivetrain.strategies.collective_monitor`.
+        debug_collectives: before every collective, check through the rendezvous store that all
+            ranks call the same one with tensors of the same shapes and dtypes, and raise
+            :class:`~drivetrain.strategies.collective_monitor.CollectiveMismatchError` if not
+            (costs a store round trip per collective).
         start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
             torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
             ``torch.multiprocessing`` and run a function in each.
@@ -74,10 +95,22 @@ class ParallelStrategy(Strategy):
         process_group_backend: str | None = None,
         timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
         start_method: str = "popen",
+        stall_timeout: float | None = STALL_TIMEOUT,
+        debug_collectives: bool = False,
     ) -> None:
         super().__init__(accelerator, checkpoint_io, precision, precision_plugin=precision_plugin)
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an int >= 1, got {num_nodes!r}.")
+        if stall_timeout is not None and (
+            isinstance(stall_timeout, bool)
+            or not isinstance(stall_timeout, (int, float))
+            or stall_timeout <= 0
+        ):
+            raise ValueError(
+                f"stall_timeout must be a positive number of seconds, or None for no limit, got {stall_timeout!r}."
+            )
+        if not isinstance(debug_collectives, bool):
+            raise TypeError(f"debug_collectives must be True or False, got {debug_collectives!r}.")
         if start_method not in START_METHODS:
             raise ValueError(
                 f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}."
@@ -96,6 +129,9 @@ class ParallelStrategy(Strategy):
         self._setups = 0
         # The error this rank is leaving with (see on_exception): no collective is entered after it.
         self._failure: BaseException | None = None
+        self._stall_timeout = stall_timeout
+        self._debug_collectives = debug_collectives
+        self._monitor = CollectiveMonitor(None, "", 0, 1)  # replaced by a live one with the process group
 
     def given_plugins(self) -> dict[str, Any]:
         given = super().given_plugins()
@@ -213,6 +249,9 @@ class ParallelStrategy(Strategy):
 
     # -- the process group ------------------------------------------------------------------
     def setup_environment(self) -> None:
+        launcher_pid = self.cluster_environment.launcher_pid
+        if launcher_pid is not None:
+            die_with_parent(launcher_pid)  # torchrun killed with -9 must not leave this rank training on
         super().setup_environment()
         self.setup_process_group()
 
@@ -239,20 +278,33 @@ class ParallelStrategy(Strategy):
             # Kept across teardown() so a later setup (fit, then test) finds the same rendezvous. Under
             # torchrun every rank, rank 0 included, joins the store its agent already hosts.
             hosts = self.global_rank == 0 and not environment.uses_agent_store
-            self._rendezvous_store = dist.TCPStore(
-                environment.main_address,
-                environment.main_port,
-                self.world_size if hosts else None,
-                is_master=hosts,
-                timeout=self._timeout,
-                wait_for_workers=False,
-            )
+            address = environment.main_address
+            if hosts:
+                # Loopback only when every rank connects through loopback anyway (one node).
+                spans_nodes = self.num_nodes > 1 or not is_loopback(address)
+                self._rendezvous_store = host_store(
+                    address, environment.main_port, self.world_size, self._timeout, spans_nodes=spans_nodes
+                )
+            else:
+                self._rendezvous_store = dist.TCPStore(
+                    address, environment.main_port, None, is_master=False, timeout=self._timeout
+                )
         # Each setup gets fresh keys: a second group must not read the first one's addresses.
         self._setups += 1
         namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
         dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
         self._owns_process_group = True
         self._failure = None
+        self._monitor = CollectiveMonitor(
+            self._rendezvous_store,
+            f"{environment.rendezvous_namespace()}/{self._setups}",
+            self.global_rank,
+            self.world_size,
+            debug=self._debug_collectives,
+            stall_timeout=self._stall_timeout,
+            on_stuck=self._end_stuck_rank,
+        )
+        self._monitor.start()
         # Scripts that never call teardown() (Accelerate-style ones rarely do) still exit cleanly.
         atexit.register(_leave_at_exit, weakref.ref(self))
         _watch_for_crashes(self)
@@ -283,7 +335,16 @@ class ParallelStrategy(Strategy):
         if error_file:
             write_torchelastic_error_file(error_file, exception, record)
 
-    def _check_not_failed(self, operation: str) -> None:
+    @property
+    def stall_timeout(self) -> float | None:
+        return self._stall_timeout
+
+    @property
+    def debug_collectives(self) -> bool:
+        return self._debug_collectives
+
+    def _collective(self, operation: str, payload: Any, function: Callable[..., Any], *args: Any) -> Any:
+        """Run one collective: refused after this rank failed, noted for the checks, explained if a peer died."""
         failure = self._failure
         if failure is not None:
             raise RuntimeError(
@@ -291,6 +352,35 @@ class ParallelStrategy(Strategy):
                 f"{type(failure).__name__}: {failure}. The other ranks are elsewhere and would never meet it there; "
                 "collectives after an error (in on_exception or teardown hooks, say) must not run."
             )
+        monitor = self._monitor
+        monitor.enter(operation, payload)
+        try:
+            return function(*args)
+        except RuntimeError as error:
+            self._raise_root_cause(error, operation)
+            raise
+        finally:
+            monitor.current = None
+
+    def _raise_root_cause(self, error: RuntimeError, operation: str) -> None:
+        """When ``error`` says a peer went away and that peer recorded why, raise that instead."""
+        store = self._rendezvous_store
+        if store is None or not is_lost_peer(error):
+            return
+        records = read_failures(store, self.cluster_environment.rendezvous_namespace())
+        cause = root_cause([record for record in records if record.rank != self.global_rank])
+        if cause is None or cause[1] is None:
+            return
+        record = cause[1]
+        raise ProcessFailedError(
+            f"{record.describe()}; rank {self.global_rank} lost it in {operation}()", rank=record.rank
+        ) from error
+
+    def _end_stuck_rank(self, error: BaseException) -> None:
+        """The watchdog found this rank stuck inside the backend: report, record, and end the process."""
+        os.write(2, f"[drivetrain] {type(error).__name__}: {error}\n".encode())
+        self.on_exception(error)
+        os._exit(1)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks join the rendezvous themselves; stores and groups do not cross processes.
@@ -298,6 +388,7 @@ class ParallelStrategy(Strategy):
         state["_rendezvous_store"] = None
         state["_owns_process_group"] = False
         state["_failure"] = None
+        state["_monitor"] = CollectiveMonitor(None, "", 0, 1)
         return state
 
     def _leave_process_group(self, wait_for_peers: bool, store_wait: float = 0.0) -> None:
@@ -309,10 +400,12 @@ class ParallelStrategy(Strategy):
                 # Leave together: a rank that destroys its group (and, on rank 0, the rendezvous
                 # store it hosts) while a peer still uses them makes that peer abort at exit.
                 try:
-                    self.barrier("teardown")
+                    self.barrier("teardown")  # watched too: a peer stuck elsewhere is reported
                 except RuntimeError:
                     pass  # a peer is already gone; the launcher reports that
+            self._monitor.stop()
             dist.destroy_process_group()
+        self._monitor.stop()
         self._owns_process_group = False
 
     def _wait_for_peers_through_store(self, seconds: float) -> None:
@@ -346,47 +439,35 @@ class ParallelStrategy(Strategy):
         _check_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
-        self._check_not_failed("all_reduce")
-        return all_reduce_copy(tensor, reduce_op, group)
+        return self._collective("all_reduce", [tensor, reduce_op], all_reduce_copy, tensor, reduce_op, group)
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         if not dist.is_initialized():
             return tensor.unsqueeze(0)
-        self._check_not_failed("all_gather")
-        return all_gather_checked(tensor, group, sync_grads)
+        return self._collective("all_gather", tensor, all_gather_checked, tensor, group, sync_grads)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]
-        self._check_not_failed("all_gather_object")
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, obj)
-        return gathered
+        return self._collective("all_gather_object", None, _all_gather_object, obj)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not dist.is_initialized():
             return obj
-        self._check_not_failed("broadcast")
-        payload = [obj]
         device = self.root_device if self.process_group_backend == "nccl" else None
-        dist.broadcast_object_list(payload, src=src, device=device)
-        return payload[0]
+        return self._collective("broadcast", f"src={src}", _broadcast_object, obj, src, device)
 
     def barrier(self, name: str | None = None) -> None:
         if not dist.is_initialized():
             return
-        self._check_not_failed("barrier")
-        if self.process_group_backend == "nccl":
-            dist.barrier(device_ids=[self.root_device.index or 0])
-        else:
-            dist.barrier()
+        device_ids = [self.root_device.index or 0] if self.process_group_backend == "nccl" else None
+        self._collective("barrier", None, _barrier, device_ids)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not dist.is_initialized():
             return decision
-        self._check_not_failed("reduce_boolean_decision")
         votes = torch.tensor(int(bool(decision)), device=self.root_device)
-        dist.all_reduce(votes, op=dist.ReduceOp.SUM)
+        self._collective("reduce_boolean_decision", "all" if all else "any", dist.all_reduce, votes)
         count = int(votes.item())
         return count == self.world_size if all else count > 0
 
@@ -396,6 +477,25 @@ class ParallelStrategy(Strategy):
             f"{type(self).__name__}(devices={devices}, num_nodes={self._num_nodes}, "
             f"precision={self._precision!r})"
         )
+
+
+def _all_gather_object(obj: Any) -> list[Any]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _broadcast_object(obj: Any, src: int, device: torch.device | None) -> Any:
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=src, device=device)
+    return payload[0]
+
+
+def _barrier(device_ids: list[int] | None) -> None:
+    if device_ids is None:
+        dist.barrier()
+    else:
+        dist.barrier(device_ids=device_ids)
 
 
 def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:

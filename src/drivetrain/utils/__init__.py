@@ -5,6 +5,7 @@ functions (which use the live ``drivetrain.Accelerator`` of the process).
 """
 
 from drivetrain.data.seeding import SeedableRandomSampler
+from drivetrain.strategies.collective_monitor import CollectiveMismatchError as DistributedOperationException
 from drivetrain.utils.configuration import (
     DataLoaderConfiguration,
     DistributedType,
@@ -39,6 +40,7 @@ __all__ = [
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from drivetrain.strategies.collective_monitor import CollectiveMismatchError
 from drivetrain.strategies.strategy import Strategy
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -151,13 +152,28 @@ def pad_across_processes(
     """Pad every tensor of ``data`` along ``dim`` to its largest size on any process."""
 
     def one(tensor: Tensor) -> Tensor:
-        if strategy.world_size == 1 or tensor.dim() == 0:
+        if strategy.world_size == 1:
             return tensor
         axis = dim + tensor.dim() if dim < 0 else dim
-        if not 0 <= axis < tensor.dim():
-            return tensor
-        sizes = strategy.all_gather(torch.tensor([tensor.shape[axis]], device=tensor.device))
-        longest = int(sizes.max())
+        size = tensor.shape[axis] if 0 <= axis < tensor.dim() else -1
+        # Every process takes part, whatever its tensor: one that skipped the gather would leave the others in it.
+        everyone = strategy.all_gather(torch.tensor([tensor.dim(), size], device=tensor.device)).tolist()
+        dims = [ndim for ndim, _ in everyone]
+        if len(set(dims)) > 1:
+            described = "; ".join(f"rank {rank}: {ndim}-d" for rank, ndim in enumerate(dims))
+            raise CollectiveMismatchError(
+                f"pad_across_processes needs tensors with the same number of dimensions on every process, got "
+                f"{described} (this process: shape {tuple(tensor.shape)}). Give every process a tensor of the "
+                f"same rank (unsqueeze or reshape), then pad."
+            )
+        if tensor.dim() == 0:
+            return tensor  # a scalar everywhere: nothing to pad
+        if size < 0:
+            raise ValueError(
+                f"pad_across_processes(dim={dim}) is out of range for tensors of {tensor.dim()} dimensions; use a dim "
+                f"between {-tensor.dim()} and {tensor.dim() - 1}."
+            )
+        longest = max(length for _, length in everyone)
         own = tensor.shape[axis]
         if own == longest:
             return tensor

@@ -74,6 +74,16 @@ class ClusterEnvironment(ABC):
         return ""
 
     @property
+    def launcher_pid(self) -> int | None:
+        """The launcher process this one must not outlive (its parent), where one waits for it.
+
+        A rank started by a launcher that is then killed (``kill -9``) would train on as an
+        orphan; parallel strategies make ranks die with this process. ``None`` where the
+        cluster's own agent manages the processes' lifetime (SLURM, MPI) or no launcher waits.
+        """
+        return None
+
+    @property
     def error_file(self) -> str | None:
         """Where the launcher wants a failing process to describe its error (torchrun's error file), if anywhere."""
         return None

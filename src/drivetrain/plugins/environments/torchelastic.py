@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 from drivetrain.plugins.environments import _environ as env
 from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
 
@@ -53,6 +55,13 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def uses_agent_store(self) -> bool:
         """Whether torchrun's agent already runs the TCP store on ``MASTER_PORT`` (ranks only connect)."""
         return env.get_str("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+    @property
+    def launcher_pid(self) -> int | None:
+        """torchrun's agent, which started this process: ``DRIVETRAIN_LAUNCHER_PID`` (set by
+        ``drivetrain launch``, so a rank can tell its launcher is already gone), else the parent."""
+        given = env.get_int("DRIVETRAIN_LAUNCHER_PID", minimum=1)
+        return given if given is not None else os.getppid()
 
     @property
     def error_file(self) -> str | None:

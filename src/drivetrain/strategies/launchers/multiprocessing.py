@@ -1,7 +1,7 @@
 """Start all local ranks with ``torch.multiprocessing`` (spawn, fork or forkserver) and run a function.
 
-The parent is not a rank: it hosts the rendezvous store, waits for the ranks, and returns rank 0's
-result. When a rank fails, ``torch.multiprocessing`` stops the others and we raise an error that
+The parent is not a rank: it hosts the rendezvous store (on loopback unless the job spans nodes),
+waits for the ranks, and returns rank 0's result; the ranks die with it. When a rank fails, ``torch.multiprocessing`` stops the others and we raise an error that
 names the failed rank and carries its traceback.
 """
 
@@ -20,7 +20,9 @@ import torch.multiprocessing as mp
 
 from drivetrain._utilities.apply import move_to_device
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
+from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
+from drivetrain.strategies.launchers.store import host_store, store_address
 from drivetrain.strategies.rank_failures import read_failures, root_cause
 
 if TYPE_CHECKING:
@@ -68,14 +70,14 @@ class MultiprocessingLauncher(Launcher):
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
         port = environment.main_port
         store = None
+        spans_nodes = num_nodes > 1
         if node_rank == 0:
-            store = dist.TCPStore(
+            store = host_store(
                 environment.main_address,
                 port,
                 num_nodes * num_processes,
-                is_master=True,
-                timeout=strategy.timeout,
-                wait_for_workers=False,
+                strategy.timeout,
+                spans_nodes=spans_nodes,
             )
             port = store.port
         elif port == 0:
@@ -84,7 +86,8 @@ class MultiprocessingLauncher(Launcher):
         # reads it, and torch's shared-memory tensor passing dies with the process that sent it.
         with tempfile.TemporaryDirectory(prefix="drivetrain-launch-") as scratch:
             result_path = os.path.join(scratch, "rank0-result.pkl")
-            self._run(function, args, kwargs, result_path, port, store)
+            address = store_address(environment.main_address, spans_nodes=spans_nodes)
+            self._run(function, args, kwargs, result_path, address, port, store)
             if not os.path.exists(result_path):
                 return None
             with open(result_path, "rb") as file:
@@ -98,11 +101,11 @@ class MultiprocessingLauncher(Launcher):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         result_path: str,
+        address: str,
         port: int,
         store: dist.Store | None,
     ) -> None:
         strategy = self._strategy
-        environment = strategy.cluster_environment
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
         # Pickled here with the standard pickler: torch's multiprocessing pickler would move CPU tensors
         # (the user's model) into shared memory, and every rank would then update the same weights.
@@ -117,9 +120,10 @@ class MultiprocessingLauncher(Launcher):
                 node_rank,
                 num_processes,
                 num_nodes,
-                environment.main_address,
+                address,
                 port,
                 threads_per_process(num_processes),
+                os.getpid(),
             ),
             nprocs=num_processes,
             join=False,
@@ -177,7 +181,9 @@ def _run_rank(
     main_address: str,
     main_port: int,
     threads: int,
+    parent_pid: int,
 ) -> None:
+    die_with_parent(parent_pid)  # a killed launcher must not leave its ranks running
     os.environ.update(
         worker_environment(
             local_rank=local_rank,

@@ -3,7 +3,8 @@
 The current process becomes local rank 0; ranks 1…N-1 are new copies of the same command with
 torchrun's variables set. The parent watches its children: when one dies, the others are
 stopped at once, this process is interrupted with an error naming the dead rank, and the job
-exits non-zero. Children die with their parent (``PR_SET_PDEATHSIG``), so none is orphaned.
+exits non-zero. Children die with their parent (``PR_SET_PDEATHSIG``), so none is orphaned. The
+rendezvous store listens on loopback unless the job spans nodes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import torch.distributed as dist
 
 from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
+from drivetrain.strategies.launchers.parent_death import set_parent_death_signal
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
+from drivetrain.strategies.launchers.store import host_store, store_address
 from drivetrain.strategies.rank_failures import FailureRecord, read_failures, root_cause
 
 if TYPE_CHECKING:
@@ -121,16 +124,16 @@ class SubprocessScriptLauncher(Launcher):
         environment = strategy.cluster_environment
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
         port = environment.main_port
+        spans_nodes = num_nodes > 1
+        address = store_address(environment.main_address, spans_nodes=spans_nodes)
         if strategy.global_rank == 0:
-            # Rank 0 hosts the rendezvous store. Binding port 0 lets the OS pick a free port with no
-            # window for another program to take it between choosing and binding.
-            store = dist.TCPStore(
+            # Rank 0 hosts the rendezvous store (on loopback for one node, on a free port by default).
+            store = host_store(
                 environment.main_address,
                 port,
                 num_nodes * num_processes,
-                is_master=True,
-                timeout=strategy.timeout,
-                wait_for_workers=False,
+                strategy.timeout,
+                spans_nodes=spans_nodes,
             )
             port = store.port
             self._namespace = environment.rendezvous_namespace()
@@ -160,11 +163,12 @@ class SubprocessScriptLauncher(Launcher):
                     node_rank=node_rank,
                     num_processes=num_processes,
                     num_nodes=num_nodes,
-                    main_address=environment.main_address,
+                    main_address=address,
                     main_port=port,
                 ),
             }
-            process = subprocess.Popen(command, env=child_env, preexec_fn=_die_with_parent)
+            # Children die with this process, however it ends (kill -9 included): no orphans.
+            process = subprocess.Popen(command, env=child_env, preexec_fn=set_parent_death_signal)
             rank = node_rank * num_processes + local_rank
             self._children.append((rank, process))
             threading.Thread(
@@ -303,12 +307,3 @@ def _describe_exit(rank: int, pid: int | None, code: int) -> str:
             name = f"signal {-code}"
         return f"{where} was killed by {name}"
     return f"{where} exited with code {code}"
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to kill us when the parent dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
