@@ -111,6 +111,17 @@ def test_evaluation_mode_and_a_true_half_precision_model() -> None:
     assert model(torch.randn(1, 2)).dtype == torch.float32, "inputs cast in, outputs cast back"
 
 
+def test_a_double_precision_model_keeps_its_complex_buffer() -> None:
+    accelerator = dt.Accelerator(cpu=True, precision="64-true")
+    model = nn.Linear(2, 1)
+    model.register_buffer("filter", torch.tensor([2.0 - 1.0j]))
+    prepared = accelerator.prepare_model(model)
+    assert prepared.weight.dtype == torch.float64
+    assert prepared.filter.dtype == torch.complex64 and torch.equal(
+        prepared.filter, torch.tensor([2.0 - 1.0j])
+    )
+
+
 def test_clip_grad_norm_unscales_fp16_gradients_first() -> None:
     # A small initial scale: 65536 times these gradients overflows float16 (and skips the step).
     accelerator = dt.Accelerator(

@@ -251,3 +251,30 @@ def test_deterministic_applies_for_the_run_only() -> None:
     before = torch.are_deterministic_algorithms_enabled()
     quiet_trainer(max_steps=1, deterministic=True).fit(Check(), loader())
     assert seen == [True] and torch.are_deterministic_algorithms_enabled() == before
+
+
+class _ComplexFilter(Regression):
+    """A regressor whose prediction goes through a fixed complex filter (a buffer) and a complex gain (a parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("filter", torch.tensor([0.5 + 1.5j]))
+        self.gain = nn.Parameter(torch.tensor([1.0 - 0.5j]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Both imaginary parts matter: (a + bi)(c + di) has real part ac - bd.
+        return (self.net(x) * self.filter * self.gain).real.float()
+
+
+@pytest.mark.parametrize("precision", ["64-true", "16-true", "bf16-true"])
+def test_true_precisions_keep_complex_buffers_and_parameters(precision: str) -> None:
+    torch.manual_seed(0)
+    model = _ComplexFilter()
+    quiet_trainer(max_epochs=1, precision=precision).fit(model, loader())
+    expected_dtype = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}
+    assert model.net[0].weight.dtype == expected_dtype[precision]
+    assert model.filter.dtype == torch.complex64
+    assert torch.equal(model.filter, torch.tensor([0.5 + 1.5j]))
+    assert model.gain.dtype == torch.complex64
+    assert model.gain.imag.item() != 0.0  # trained as a complex number, not cast to its real part
+    assert model.gain.grad is None or model.gain.grad.dtype == torch.complex64

@@ -100,3 +100,16 @@ def test_training_in_a_true_precision_reduces_the_loss(make):
         losses.append(loss.item())
     assert losses[-1] < 0.2 * losses[0]
     assert model.weight.dtype == plugin.dtype
+
+
+@pytest.mark.parametrize(("make", "dtype"), PLUGINS)
+def test_convert_module_leaves_complex_parameters_and_buffers_alone(make, dtype):
+    model = nn.Linear(2, 2)
+    model.register_buffer("filter", torch.tensor([1.0 + 2.0j, -3.0 - 0.5j]))
+    model.phase = nn.Parameter(torch.tensor([0.25j], dtype=torch.complex128))
+    converted = make().convert_module(model)
+    assert converted is model  # in place
+    assert model.weight.dtype == dtype
+    assert model.filter.dtype == torch.complex64
+    assert torch.equal(model.filter, torch.tensor([1.0 + 2.0j, -3.0 - 0.5j]))
+    assert model.phase.dtype == torch.complex128 and model.phase.imag.item() == 0.25

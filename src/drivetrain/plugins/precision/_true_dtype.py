@@ -8,6 +8,7 @@ the dtype the rest of a training program expects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -16,6 +17,13 @@ from torch import Tensor, nn
 
 from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.precision.precision import Precision, default_dtype
+
+# nn.Module's casts that change floating-point parameters and buffers only, per dtype.
+_FLOATING_ONLY_CASTS: dict[torch.dtype, Callable[[nn.Module], nn.Module]] = {
+    torch.float64: nn.Module.double,
+    torch.float16: nn.Module.half,
+    torch.bfloat16: nn.Module.bfloat16,
+}
 
 
 class _TruePrecision(Precision):
@@ -30,8 +38,14 @@ class _TruePrecision(Precision):
         return self._dtype
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """Cast every floating-point parameter and buffer of ``module`` to :attr:`dtype`."""
-        return module.to(dtype=self._dtype)
+        """Cast every floating-point parameter and buffer of ``module`` to :attr:`dtype`, in place.
+
+        Only floating-point tensors change: integer buffers (counters) and complex ones (FFT
+        filters, rotary tables) keep their dtype. ``module.to(dtype=...)`` would also cast complex
+        tensors, and to a real dtype that throws their imaginary part away; torch's own
+        ``double()``/``half()``/``bfloat16()`` touch floating-point tensors only.
+        """
+        return _FLOATING_ONLY_CASTS[self._dtype](module)
 
     def module_init_context(self) -> AbstractContextManager[Any]:
         """Make :attr:`dtype` the default so a model built inside is born in it (no fp32 copy)."""
