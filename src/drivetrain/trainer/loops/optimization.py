@@ -125,6 +125,11 @@ class Optimization:
         self.accumulation = GradientAccumulation(settings.accumulate_grad_batches)
         self.clip_value = settings.gradient_clip_val
         self.clip_algorithm = settings.gradient_clip_algorithm
+        # Like unused hooks, steps this run does not need are None: one attribute read per step.
+        accumulating = self.accumulation.num_steps != 1
+        self._scale_loss = self.accumulation.scale_loss if accumulating else None
+        needs_preparing = self.clip_value is not None or self.hooks.on_before_optimizer_step is not None
+        self._prepare_step = self._before_optimizer_step if needs_preparing else None
         self._backward, self._optimizer_call = strategy.step_functions()
         redirect = model is not module or strategy.requires_joint_setup
         training_step = module.training_step
@@ -186,7 +191,8 @@ class Optimization:
         loss = output if type(output) is Tensor else extract_loss(output)
         if loss is None:
             return output, None
-        loss = self.accumulation.scale_loss(loss)
+        if self._scale_loss is not None:
+            loss = self._scale_loss(loss)
         hooks = self.hooks
         if hooks.on_before_backward is not None:
             hooks.on_before_backward(loss)
@@ -196,6 +202,7 @@ class Optimization:
         return output, loss
 
     def _before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """``on_before_optimizer_step``, then clipping (on unscaled gradients)."""
         hooks = self.hooks
         if hooks.on_before_optimizer_step is not None:
             hooks.on_before_optimizer_step(optimizer)
@@ -204,8 +211,8 @@ class Optimization:
 
     def _optimizer_step(self, closure: Callable[[], Any] | None) -> Any:
         optimizer = self.optimizer
-        if closure is None:  # a closure runs these itself, after each of its backward passes
-            self._before_optimizer_step(optimizer)
+        if closure is None and self._prepare_step is not None:  # a closure prepares after each backward
+            self._prepare_step(optimizer)
         result = self._optimizer_call(optimizer, closure, self.model)
         hooks = self.hooks
         if hooks.on_before_zero_grad is not None:
