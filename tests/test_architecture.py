@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
 ]
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 
-_MODULE_NAME = re.compile(r"drivetrain(\.[a-z_]+)+")
+_MODULE_NAME = re.compile(r"drivetrain(\.[a-z_]+)+(:\w+)?")  # "module" or "module:attribute"
 
 
 def _package(module: str) -> str | None:
@@ -54,7 +54,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             and isinstance(node.value, str)
             and _MODULE_NAME.fullmatch(node.value)
         ):
-            found.append((node.lineno, node.value))  # importlib.import_module("drivetrain.x"), lazy maps
+            found.append((node.lineno, node.value.partition(":")[0]))  # import_module("drivetrain.x"), lazy maps
     return found
 
 

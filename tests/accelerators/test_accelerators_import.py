@@ -55,3 +55,51 @@ def test_public_names() -> None:
     ]
     for name in accelerators.__all__:
         assert getattr(accelerators, name) is not None
+
+
+FIRST_REGISTRATION = textwrap.dedent(
+    """
+    import warnings
+
+    import torch
+    from drivetrain.accelerators import Accelerator, AcceleratorRegistry
+    from drivetrain.strategies import DDPStrategy, StrategyRegistry
+
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        class XPUAccelerator(Accelerator):  # the seed's example: its own "xpu", before any lookup
+            parse_devices = staticmethod(lambda devices: devices)
+            get_parallel_devices = staticmethod(lambda devices: [torch.device("cpu")] * devices)
+            auto_device_count = staticmethod(lambda: 1)
+            is_available = staticmethod(lambda: True)
+
+            @classmethod
+            def register_accelerators(cls, accelerator_registry):
+                accelerator_registry.register("xpu", cls)
+
+        class MyDDP(DDPStrategy):
+            pass
+
+        StrategyRegistry.register("ddp", MyDDP)
+    print(AcceleratorRegistry.entry("xpu").cls.__module__, StrategyRegistry.entry("ddp").cls.__module__)
+    print(AcceleratorRegistry.entry("cpu").cls.__name__, StrategyRegistry.entry("ddp_spawn").cls.__name__)
+    print(sorted(str(w.message).split(" (")[0] for w in caught))
+    """
+)
+
+
+def test_a_users_class_registered_before_any_lookup_replaces_the_builtin_with_a_warning() -> None:
+    # The built-ins are imported on the first lookup; a user's registration must not come before them.
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_REGISTRATION], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    modules, builtins, warned = result.stdout.strip().splitlines()
+    assert modules == "__main__ __main__"
+    assert builtins == "CPUAccelerator DDPStrategy"
+    assert warned == str(
+        [
+            "MyDDP replaces the built-in strategy 'ddp'",
+            "XPUAccelerator replaces the built-in accelerator 'xpu'",
+        ]
+    )

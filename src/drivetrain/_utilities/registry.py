@@ -68,6 +68,7 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self._entries: dict[str, RegistryEntry] = {}
         self._builtin_modules = builtin_modules
+        self._builtins_loaded = not builtin_modules
         self._entry_points_loaded = entry_point_group is None and not builtin_modules
 
     # -- registration -----------------------------------------------------------------------
@@ -94,6 +95,10 @@ class Registry(Generic[T]):
                 f"register({name!r}, ...) expects a class as its second argument, got {cls!r}. "
                 f"Pass the class itself (not an instance); its init kwargs go in as keyword arguments."
             )
+        if not _is_builtin(cls):
+            # A user's class replaces a built-in of the same name (with a warning): the built-ins
+            # must be in place first, not registered later over it.
+            self._load_builtins()
         existing = self._entries.get(name)
         if existing is not None and not override and _class_identity(existing.cls) != _class_identity(cls):
             if existing.is_builtin and not _is_builtin(cls):
@@ -165,14 +170,20 @@ class Registry(Generic[T]):
             f"Register your own with {self.kind.capitalize()}Registry.register(name, cls)."
         )
 
-    def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
+    def _load_builtins(self) -> None:
+        if self._builtins_loaded:
             return
-        self._entry_points_loaded = True
+        self._builtins_loaded = True
         import importlib
 
         for module in self._builtin_modules:
             importlib.import_module(module)
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        self._load_builtins()
         if self.entry_point_group is None:
             return
         from importlib.metadata import entry_points

@@ -1,18 +1,42 @@
 """Hardware accelerators: the :class:`Accelerator` plugin interface, the built-ins and their registry.
 
-Importing this package registers the built-in accelerators (``cpu``, ``cuda``, ``mps``, ``xla``
-with its alias ``tpu``, ``xpu``) in :data:`AcceleratorRegistry`. It stays cheap: no CUDA context
-is created and ``torch_xla`` is not imported.
+The built-in accelerators (``cpu``, ``cuda``, ``mps``, ``xla`` with its alias ``tpu``, ``xpu``)
+are in :data:`AcceleratorRegistry` from its first lookup. Each name here is imported on first use,
+and none creates a CUDA context or imports ``torch_xla``.
 """
 
-from drivetrain.accelerators.accelerator import Accelerator
-from drivetrain.accelerators.cpu import CPUAccelerator
-from drivetrain.accelerators.cuda import CUDAAccelerator
-from drivetrain.accelerators.mps import MPSAccelerator
-from drivetrain.accelerators.registry import AcceleratorRegistry
-from drivetrain.accelerators.selection import available_here, devices_for, resolve_accelerator
-from drivetrain.accelerators.xla import XLAAccelerator
-from drivetrain.accelerators.xpu import XPUAccelerator
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain._utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.accelerators.accelerator import Accelerator
+    from drivetrain.accelerators.cpu import CPUAccelerator
+    from drivetrain.accelerators.cuda import CUDAAccelerator
+    from drivetrain.accelerators.mps import MPSAccelerator
+    from drivetrain.accelerators.registry import AcceleratorRegistry
+    from drivetrain.accelerators.selection import available_here, devices_for, resolve_accelerator
+    from drivetrain.accelerators.xla import XLAAccelerator
+    from drivetrain.accelerators.xpu import XPUAccelerator
+
+_SELECTION = "drivetrain.accelerators.selection"
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Accelerator": "drivetrain.accelerators.accelerator",
+        "AcceleratorRegistry": "drivetrain.accelerators.registry",
+        "CPUAccelerator": "drivetrain.accelerators.cpu",
+        "CUDAAccelerator": "drivetrain.accelerators.cuda",
+        "MPSAccelerator": "drivetrain.accelerators.mps",
+        "XLAAccelerator": "drivetrain.accelerators.xla",
+        "XPUAccelerator": "drivetrain.accelerators.xpu",
+        "available_here": _SELECTION,
+        "devices_for": _SELECTION,
+        "resolve_accelerator": _SELECTION,
+    },
+)
 
 __all__ = [
     "Accelerator",

@@ -18,5 +18,16 @@ class _AcceleratorRegistry(Registry["Accelerator"]):
         return self.available()
 
 
-AcceleratorRegistry = _AcceleratorRegistry("accelerator", entry_point_group="drivetrain.accelerators")
+AcceleratorRegistry = _AcceleratorRegistry(
+    "accelerator",
+    entry_point_group="drivetrain.accelerators",
+    # Imported on the first lookup (or the first registration of a user's class).
+    builtin_modules=(
+        "drivetrain.accelerators.cpu",
+        "drivetrain.accelerators.cuda",
+        "drivetrain.accelerators.mps",
+        "drivetrain.accelerators.xla",
+        "drivetrain.accelerators.xpu",
+    ),
+)
 """The module-level accelerator registry."""

@@ -1,7 +1,35 @@
-"""The Accelerate-style front door: ``drivetrain.Accelerator`` and what its ``prepare`` returns."""
+"""The Accelerate-style front door: ``drivetrain.Accelerator`` and what its ``prepare`` returns.
 
-from drivetrain.facade.accelerator import Accelerator
-from drivetrain.facade.state import GradientState
-from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+Each name is imported on first use; the data layer, the loggers and the core are imported when
+an Accelerator is built or used.
+"""
 
-__all__ = ["Accelerator", "GradientState", "PrecisionForward", "PreparedOptimizer", "PreparedScheduler"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain._utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.facade.accelerator import Accelerator
+    from drivetrain.facade.state import GradientState
+    from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Accelerator": "drivetrain.facade.accelerator",
+        "GradientState": "drivetrain.facade.state",
+        "PrecisionForward": "drivetrain.facade.wrappers",
+        "PreparedOptimizer": "drivetrain.facade.wrappers",
+        "PreparedScheduler": "drivetrain.facade.wrappers",
+    },
+)
+
+__all__ = [
+    "Accelerator",
+    "GradientState",
+    "PrecisionForward",
+    "PreparedOptimizer",
+    "PreparedScheduler",
+]

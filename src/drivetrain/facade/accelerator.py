@@ -23,16 +23,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from drivetrain.data import PreparedDataLoader, validate_rng_types
 from drivetrain.facade import settings, tracking
 from drivetrain.facade.checkpointing import Checkpointing
 from drivetrain.facade.model_saving import ModelSaving
 from drivetrain.facade.preparation import Preparation
 from drivetrain.facade.tracking import Tracking
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
-from drivetrain.plugins.precision.amp import MixedPrecision
-from drivetrain.strategies import Strategy
-from drivetrain.strategies.launchers import SubprocessScriptLauncher
 from drivetrain.strategies.step_policy import (
     check_accumulation_steps,
     check_clip_value,
@@ -41,18 +37,22 @@ from drivetrain.strategies.step_policy import (
     nonfinite_norm_is_error,
 )
 from drivetrain.utils import current
-from drivetrain.utils.configuration import (
-    DataLoaderConfiguration,
-    DistributedType,
-    GradientAccumulationPlugin,
-    ProjectConfiguration,
-)
-from drivetrain.utils.kwargs_handlers import AutocastKwargs
 
+# The core, the data layer and the loggers are imported where an Accelerator is built or used, so
+# that ``from drivetrain import Accelerator`` costs little more than ``import torch``.
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
     from drivetrain.connector import PluginInput
+    from drivetrain.data.loader import PreparedDataLoader
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.strategy import Strategy
+    from drivetrain.utils.configuration import (
+        DataLoaderConfiguration,
+        DistributedType,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
+    from drivetrain.utils.kwargs_handlers import AutocastKwargs
 
 
 class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
@@ -123,6 +123,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         megatron_lm_plugin: Any = None,
         debug: bool | None = None,
     ) -> None:
+        from drivetrain.data.rng import validate_rng_types
+
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
         #: Whether every collective first checks that all processes call it alike.
         self.debug = settings.debug_mode(debug)
@@ -169,6 +171,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     # -- processes ----------------------------------------------------------------------------
     def _start_processes(self) -> bool:
         """Join or start this run's processes; True when they must be started by :meth:`launch`."""
+        from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+
         strategy = self.strategy
         launcher = strategy.launcher
         environment = strategy.cluster_environment
@@ -208,6 +212,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     @property
     def distributed_type(self) -> DistributedType:
         """Accelerate's name for how the processes are organised."""
+        from drivetrain.utils.configuration import DistributedType
+
         names = {cls.__name__ for cls in type(self.strategy).__mro__}
         for marker, kind in (
             ("DeepSpeedStrategy", DistributedType.DEEPSPEED),
@@ -318,6 +324,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
         """The precision's forward context (autocast for mixed precision), for code outside ``forward``."""
+        from drivetrain.plugins.precision.amp import MixedPrecision
+
         precision = self.strategy.precision
         if autocast_handler is None:
             return precision.forward_context()

@@ -12,23 +12,20 @@ from __future__ import annotations
 import gc
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from drivetrain.data import (
-    PreparedDataLoader,
-    prepare_data_loader,
-    skip_first_batches,
-    uses_distributed_sampler,
-)
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.model_setup import setup_model
-from drivetrain.utils.configuration import DataLoaderConfiguration
+
+if TYPE_CHECKING:
+    from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.utils.configuration import DataLoaderConfiguration
 
 
 class Preparation(ProcessControl):
@@ -231,6 +228,8 @@ class Preparation(ProcessControl):
         self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> PreparedDataLoader:
         """The loader this process iterates: sharded (or dispatched), one batch ahead, on the device."""
+        from drivetrain.data.prepare import prepare_data_loader, uses_distributed_sampler
+
         self._require_processes("prepare_data_loader")
         if slice_fn_for_dispatch is not None:
             raise ValueError(
@@ -266,6 +265,8 @@ class Preparation(ProcessControl):
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader whose next epoch starts ``num_batches`` batches in (see :func:`drivetrain.data.skip_first_batches`)."""
+        from drivetrain.data.prepare import skip_first_batches
+
         return skip_first_batches(dataloader, num_batches)
 
     def free_memory(self, *objects: Any) -> list[None]:

@@ -8,14 +8,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from drivetrain._utilities import console
-from drivetrain.facade.state import GradientState
-from drivetrain.strategies.strategy import Strategy
 from drivetrain.utils import collectives
+
+if TYPE_CHECKING:
+    from drivetrain.facade.state import GradientState
+    from drivetrain.strategies.strategy import Strategy
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -12,32 +12,27 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from drivetrain.connector import connect
-from drivetrain.facade.state import GradientState
-from drivetrain.plugins.precision import Precision, canonical_precision
-from drivetrain.strategies import Strategy
 from drivetrain.strategies.step_policy import check_accumulation_steps
-from drivetrain.utils.configuration import (
-    DataLoaderConfiguration,
-    GradientAccumulationPlugin,
-    ProjectConfiguration,
-)
-from drivetrain.utils.kwargs_handlers import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-)
 
-_HANDLER_TYPES: tuple[type[KwargsHandler], ...] = (
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    AutocastKwargs,
-)
+# Imported by the functions that use them: building an Accelerator needs them, importing it does not.
+if TYPE_CHECKING:
+    from drivetrain.facade.state import GradientState
+    from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.strategy import Strategy
+    from drivetrain.utils.configuration import (
+        DataLoaderConfiguration,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
+    from drivetrain.utils.kwargs_handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
+
 _MIXED_PRECISION = ("no", "fp16", "bf16")
 
 
@@ -58,6 +53,13 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
         TypeError: not a list, or an object that is not one of the supported handlers.
         ValueError: two handlers of the same kind.
     """
+    from drivetrain.utils.kwargs_handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
+
     if kwargs_handlers is None:
         return Handlers()
     if not isinstance(kwargs_handlers, (list, tuple)):
@@ -66,7 +68,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
             f"write kwargs_handlers=[{kwargs_handlers!r}]."
         )
     found: dict[str, Any] = {}
-    fields = {
+    fields: dict[type, str] = {
         DistributedDataParallelKwargs: "ddp",
         GradScalerKwargs: "scaler",
         InitProcessGroupKwargs: "process_group",
@@ -75,7 +77,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
     for handler in kwargs_handlers:
         field = fields.get(type(handler))
         if field is None:
-            names = ", ".join(cls.__name__ for cls in _HANDLER_TYPES)
+            names = ", ".join(cls.__name__ for cls in fields)
             raise TypeError(
                 f"Unsupported kwargs handler {handler!r} ({type(handler).__module__}.{type(handler).__name__}). "
                 f"drivetrain.Accelerator supports {names} from drivetrain.utils."
@@ -124,6 +126,9 @@ def choose_precision(
 
 
 def _canonical(value: Any) -> Any:
+    from drivetrain.plugins.precision.names import canonical_precision
+    from drivetrain.plugins.precision.precision import Precision
+
     if isinstance(value, Precision):
         return id(value)
     return canonical_precision(value)
@@ -157,6 +162,8 @@ def build_strategy(
     debug: bool = False,
 ) -> Strategy:
     """Resolve the settings with one ``connect()``, the kwargs handlers passed on as its options."""
+    from drivetrain.connector import connect
+
     strategy_options = _strategy_options(handlers)
     if debug:
         _debug_strategy(strategy, strategy_options)
@@ -248,6 +255,8 @@ def _precision_options(handlers: Handlers) -> dict[str, Any]:
 
 
 def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientState:
+    from drivetrain.facade.state import GradientState
+
     check_accumulation_steps(steps)
     if plugin is None:
         return GradientState(steps)
@@ -269,6 +278,8 @@ def data_config(
     dispatch: bool | None,
     even: bool | None,
 ) -> DataLoaderConfiguration:
+    from drivetrain.utils.configuration import DataLoaderConfiguration
+
     result = config if config is not None else DataLoaderConfiguration()
     for name, value in (
         ("split_batches", split_batches),
@@ -293,6 +304,8 @@ def _replace(config: DataLoaderConfiguration, **changes: Any) -> DataLoaderConfi
 def project_config(
     config: ProjectConfiguration | None, project_dir: str | os.PathLike[str] | None
 ) -> ProjectConfiguration:
+    from drivetrain.utils.configuration import ProjectConfiguration
+
     result = config if config is not None else ProjectConfiguration()
     if project_dir is not None:
         if result.project_dir is not None and os.fspath(project_dir) != result.project_dir:

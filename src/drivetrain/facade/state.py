@@ -6,8 +6,12 @@ the optimizers, schedulers and data loaders it prepares.
 
 from __future__ import annotations
 
-from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader
+from typing import TYPE_CHECKING
+
 from drivetrain.strategies.step_policy import GradientAccumulation
+
+if TYPE_CHECKING:
+    from drivetrain.data.loader import PreparedDataLoader
 
 
 class GradientState(GradientAccumulation):
@@ -31,6 +35,8 @@ class GradientState(GradientAccumulation):
         )
         #: Whether ``Accelerator.accumulate`` has been used (for the misuse warning).
         self.accumulate_called = False
+        from drivetrain.data.loader import ActiveLoaders
+
         self.loaders = ActiveLoaders()
 
     @property

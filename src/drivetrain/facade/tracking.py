@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivetrain.facade.process_control import ProcessControl
-from drivetrain.loggers.resolve import build_loggers, logger_kind, parse_loggers
-from drivetrain.utils.configuration import ProjectConfiguration
+
+if TYPE_CHECKING:
+    from drivetrain.utils.configuration import ProjectConfiguration
 
 
 def check_log_with(log_with: Any) -> list[Any]:
@@ -26,6 +27,8 @@ def check_log_with(log_with: Any) -> list[Any]:
         TypeError: something that is neither a name nor a logger.
         ImportError: a tracker whose package is missing (the message names the extra).
     """
+    from drivetrain.loggers.resolve import parse_loggers
+
     return parse_loggers(log_with, argument="log_with")
 
 
@@ -33,6 +36,8 @@ def create_trackers(
     wanted: list[Any], project_name: str, logging_dir: str | None, init_kwargs: Mapping[str, Any] | None
 ) -> list[Any]:
     """Build the named trackers for ``project_name`` (logger instances are used as they are)."""
+    from drivetrain.loggers.resolve import build_loggers
+
     return build_loggers(
         wanted,
         save_dir=logging_dir,
@@ -120,6 +125,8 @@ class Tracking(ProcessControl):
 
         Returns ``None`` off the main process, where no tracker runs.
         """
+        from drivetrain.loggers.resolve import logger_kind
+
         for tracker in self.trackers:
             if name.lower() in (str(logger_kind(tracker)).lower(), type(tracker).__name__.lower()):
                 return tracker.experiment if unwrap and hasattr(tracker, "experiment") else tracker

@@ -9,14 +9,15 @@ changing the loop.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
-from drivetrain.facade.state import GradientState
-from drivetrain.plugins.precision.precision import Precision
-from drivetrain.strategies.strategy import Strategy
+if TYPE_CHECKING:
+    from drivetrain.facade.state import GradientState
+    from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.strategy import Strategy
 
 _DELEGATED_HOOKS = (
     "register_step_pre_hook",

@@ -1,31 +1,40 @@
 """Strategies: how model, optimizers and data are distributed, and the collectives between processes.
 
-The sharded (FSDP, DeepSpeed) and XLA strategies are imported on first use of their names or of
-the registry, so importing this package stays cheap.
+Each name is imported on first use (the registry imports the built-in strategies on its first
+lookup), so importing one strategy module does not import DDP, FSDP, DeepSpeed or XLA.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from drivetrain.plugins.io.checkpoint_io import CheckpointIO
-from drivetrain.strategies.ddp import DDPStrategy
-from drivetrain.strategies.parallel import ParallelStrategy
-from drivetrain.strategies.registry import StrategyRegistry
-from drivetrain.strategies.single_device import SingleDeviceStrategy
-from drivetrain.strategies.strategy import Strategy
+from drivetrain._utilities.lazy import lazy_exports
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+    from drivetrain.strategies.ddp import DDPStrategy
     from drivetrain.strategies.deepspeed import DeepSpeedStrategy
     from drivetrain.strategies.fsdp import FSDPStrategy
+    from drivetrain.strategies.parallel import ParallelStrategy
+    from drivetrain.strategies.registry import StrategyRegistry
+    from drivetrain.strategies.single_device import SingleDeviceStrategy
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.strategies.xla import XLAStrategy
 
-_LAZY = {
-    "DeepSpeedStrategy": "drivetrain.strategies.deepspeed",
-    "FSDPStrategy": "drivetrain.strategies.fsdp",
-    "XLAStrategy": "drivetrain.strategies.xla",
-}
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CheckpointIO": "drivetrain.plugins.io.checkpoint_io",
+        "DDPStrategy": "drivetrain.strategies.ddp",
+        "DeepSpeedStrategy": "drivetrain.strategies.deepspeed",
+        "FSDPStrategy": "drivetrain.strategies.fsdp",
+        "ParallelStrategy": "drivetrain.strategies.parallel",
+        "SingleDeviceStrategy": "drivetrain.strategies.single_device",
+        "Strategy": "drivetrain.strategies.strategy",
+        "StrategyRegistry": "drivetrain.strategies.registry",
+        "XLAStrategy": "drivetrain.strategies.xla",
+    },
+)
 
 __all__ = [
     "CheckpointIO",
@@ -38,16 +47,3 @@ __all__ = [
     "StrategyRegistry",
     "XLAStrategy",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'drivetrain.strategies' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

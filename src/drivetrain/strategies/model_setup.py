@@ -15,11 +15,13 @@ theirs (the Trainer builds ``configure_model()`` layers first and takes its opti
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.optim import Optimizer
 
-from drivetrain.strategies.strategy import Strategy
+if TYPE_CHECKING:
+    from drivetrain.strategies.strategy import Strategy
 
 
 def setup_model(

@@ -1,22 +1,54 @@
 """The Trainer front door: ``Trainer``, ``TrainingModule``, ``DataModule`` and the callbacks.
 
 ``drivetrain.Trainer``, ``drivetrain.TrainingModule`` and ``drivetrain.DataModule`` are these.
+Each name is imported on first use: ``from drivetrain.trainer import Trainer`` does not import
+the callbacks, loggers or loops, which a Trainer imports when it is built or run.
 """
 
-from drivetrain.trainer.callbacks import (
-    Callback,
-    EarlyStopping,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    ModelSummary,
-    ProgressBar,
-    ThroughputMonitor,
-    TQDMProgressBar,
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain._utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.trainer.callbacks import (
+        Callback,
+        EarlyStopping,
+        LearningRateMonitor,
+        ModelCheckpoint,
+        ModelSummary,
+        ProgressBar,
+        ThroughputMonitor,
+        TQDMProgressBar,
+    )
+    from drivetrain.trainer.datamodule import DataModule
+    from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
+    from drivetrain.trainer.trainer import Trainer
+
+_CALLBACKS = "drivetrain.trainer.callbacks"
+_STATE = "drivetrain.trainer.state"
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Callback": _CALLBACKS,
+        "EarlyStopping": _CALLBACKS,
+        "LearningRateMonitor": _CALLBACKS,
+        "ModelCheckpoint": _CALLBACKS,
+        "ModelSummary": _CALLBACKS,
+        "ProgressBar": _CALLBACKS,
+        "TQDMProgressBar": _CALLBACKS,
+        "ThroughputMonitor": _CALLBACKS,
+        "DataModule": "drivetrain.trainer.datamodule",
+        "TrainingModule": "drivetrain.trainer.module",
+        "RunningStage": _STATE,
+        "TrainerFn": _STATE,
+        "TrainerState": _STATE,
+        "TrainerStatus": _STATE,
+        "Trainer": "drivetrain.trainer.trainer",
+    },
 )
-from drivetrain.trainer.datamodule import DataModule
-from drivetrain.trainer.module import TrainingModule
-from drivetrain.trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
-from drivetrain.trainer.trainer import Trainer
 
 __all__ = [
     "Callback",

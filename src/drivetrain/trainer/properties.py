@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.loggers.logger import Logger
-from drivetrain.strategies.strategy import Strategy
 from drivetrain.trainer.state import RunningStage, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from drivetrain.loggers.logger import Logger
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.config import LoopSettings
     from drivetrain.trainer.data_connector import DataConnector

@@ -17,35 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from drivetrain.connector import connect
-from drivetrain.loggers.logger import Logger
-from drivetrain.strategies.checkpointing import restore_process_state
-from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from drivetrain.strategies.strategy import Strategy
-from drivetrain.trainer import checkpointing
-from drivetrain.trainer.callbacks.callback import Callback
-from drivetrain.trainer.config import build_settings
-from drivetrain.trainer.data_connector import DataConnector
 from drivetrain.trainer.datamodule import DataModule
-from drivetrain.trainer.default_callbacks import configure_callbacks
-from drivetrain.trainer.hooks import HookRunner
-from drivetrain.trainer.logger_connector import MetricsHub, resolve_loggers
-from drivetrain.trainer.loops.evaluation import EvaluationLoop
-from drivetrain.trainer.loops.fit import FitLoop
-from drivetrain.trainer.loops.optimization import Optimization
-from drivetrain.trainer.loops.prediction import PredictionLoop
-from drivetrain.trainer.model_setup import setup_model
 from drivetrain.trainer.module import TrainingModule
-from drivetrain.trainer.process_results import absorb_output, stage_output
 from drivetrain.trainer.properties import TrainerProperties
-from drivetrain.trainer.results import ResultCollection
-from drivetrain.trainer.run_context import torch_flags
 from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn, TrainerState, TrainerStatus
 
+# The core, the loops, hooks, callbacks and loggers are imported where a Trainer is built or run,
+# so that ``from drivetrain import Trainer`` costs little more than ``import torch``.
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
     from drivetrain.connector import PluginInput
+    from drivetrain.loggers.logger import Logger
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.strategy import Strategy
+    from drivetrain.trainer.callbacks.callback import Callback
+    from drivetrain.trainer.results import ResultCollection
 
 
 class Trainer(TrainerProperties):
@@ -130,6 +116,13 @@ class Trainer(TrainerProperties):
         use_distributed_sampler: bool = True,
         inference_mode: bool = True,
     ) -> None:
+        from drivetrain.connector import connect
+        from drivetrain.trainer.config import build_settings
+        from drivetrain.trainer.data_connector import DataConnector
+        from drivetrain.trainer.default_callbacks import configure_callbacks
+        from drivetrain.trainer.logger_connector import MetricsHub, resolve_loggers
+        from drivetrain.trainer.loops.optimization import Optimization
+
         self._strategy = connect(
             accelerator=accelerator,
             strategy=strategy,
@@ -329,6 +322,8 @@ class Trainer(TrainerProperties):
         self._module = model
         self._data.attach(datamodule, **loaders)
         if ckpt_path is not None and ckpt_path not in ("last", "best"):
+            from drivetrain.trainer import checkpointing
+
             ckpt_path = os.fspath(ckpt_path)
             if checkpointing.published(ckpt_path) is None:
                 raise FileNotFoundError(
@@ -361,6 +356,8 @@ class Trainer(TrainerProperties):
             self.state.status = TrainerStatus.INTERRUPTED
             raise
         if not self._ran_here:
+            from drivetrain.trainer.process_results import absorb_output
+
             absorb_output(self, output)  # the ranks ran in other processes (spawn/fork)
         self.state.status = TrainerStatus.FINISHED
         self.state.stage = None
@@ -368,6 +365,14 @@ class Trainer(TrainerProperties):
 
     def _run_stage(self) -> dict[str, Any]:
         """Everything one process does for the current entry point; returns what the caller gets."""
+        from drivetrain.trainer import checkpointing
+        from drivetrain.trainer.callbacks.callback import Callback
+        from drivetrain.trainer.hooks import HookRunner
+        from drivetrain.trainer.model_setup import setup_model
+        from drivetrain.trainer.process_results import stage_output
+        from drivetrain.trainer.results import ResultCollection
+        from drivetrain.trainer.run_context import torch_flags
+
         self._ran_here = True
         strategy = self.strategy
         fn = self.state.fn
@@ -422,6 +427,8 @@ class Trainer(TrainerProperties):
                 self._teardown_strategy()
 
     def _teardown_strategy(self) -> None:
+        from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+
         strategy = self.strategy
         if isinstance(strategy.launcher, SubprocessScriptLauncher):
             # These processes run the script's next entry point too (fit, then test): keep the process
@@ -433,6 +440,10 @@ class Trainer(TrainerProperties):
             strategy.teardown()
 
     def _run_entry_point(self, fn: TrainerFn) -> Any:
+        from drivetrain.trainer import checkpointing
+        from drivetrain.trainer.loops.fit import FitLoop
+        from drivetrain.trainer.loops.prediction import PredictionLoop
+
         if fn == TrainerFn.FITTING:
             self._optimization.setup(self._optimizers, self._scheduler_configs)
             if self._ckpt_path is not None:
@@ -457,6 +468,8 @@ class Trainer(TrainerProperties):
         datamodule.setup(stage)
 
     def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
+        from drivetrain.trainer.loops.evaluation import EvaluationLoop
+
         return EvaluationLoop(self, stage).run()
 
     def _run_validation(self) -> None:
@@ -469,6 +482,8 @@ class Trainer(TrainerProperties):
 
     def _restore_rng_if_resuming(self) -> None:
         if self._pending_process is not None:
+            from drivetrain.strategies.checkpointing import restore_process_state
+
             restore_process_state(self.strategy, self._pending_process)
             self._pending_process = None
 
@@ -484,6 +499,8 @@ class Trainer(TrainerProperties):
         """Save the training state to ``filepath`` through the strategy (call it on every process)."""
         if self._model is None or not self._strategy_ready:
             raise RuntimeError("save_checkpoint() works while fit() runs (from a callback or a module hook).")
+        from drivetrain.trainer import checkpointing
+
         checkpointing.save_checkpoint(self, filepath, weights_only)
 
     def __repr__(self) -> str:
@@ -502,6 +519,8 @@ def _collectives(strategy: Strategy) -> tuple[Any, Any]:
 
 def _batch_mover(strategy: Strategy) -> Any:
     """``strategy.batch_to_device``, or ``None`` when it has nothing to do (CPU, not overridden)."""
+    from drivetrain.strategies.strategy import Strategy
+
     if strategy.root_device.type == "cpu" and type(strategy).batch_to_device is Strategy.batch_to_device:
         return None
     return strategy.batch_to_device

@@ -1,38 +1,79 @@
 """Accelerate-compatible helpers: ``from drivetrain.utils import set_seed`` works like ``accelerate.utils``.
 
-Seeding (and ``SeedableRandomSampler``), the kwargs handlers, the configuration dataclasses and enums, and free collective
-functions (which use the live ``drivetrain.Accelerator`` of the process).
+Seeding (and ``SeedableRandomSampler``), the kwargs handlers, the configuration dataclasses and
+enums, and free collective functions (which use the live ``drivetrain.Accelerator`` of the
+process). Each name is imported on first use: ``from drivetrain.utils import set_seed`` loads only
+what it needs.
 """
 
-from drivetrain.data.seeding import SeedableRandomSampler
-from drivetrain.strategies.collective_monitor import CollectiveMismatchError as DistributedOperationException
-from drivetrain.utils.configuration import (
-    DataLoaderConfiguration,
-    DistributedType,
-    GradientAccumulationPlugin,
-    LoggerType,
-    PrecisionType,
-    ProjectConfiguration,
-    RNGType,
-)
-from drivetrain.utils.kwargs_handlers import (
-    AutocastKwargs,
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-)
-from drivetrain.utils.operations import (
-    broadcast,
-    broadcast_object_list,
-    gather,
-    gather_object,
-    pad_across_processes,
-    reduce,
-    send_to_device,
-    set_seed,
-    wait_for_everyone,
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain._utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.data.seeding import SeedableRandomSampler
+    from drivetrain.strategies.collective_monitor import (
+        CollectiveMismatchError as DistributedOperationException,
+    )
+    from drivetrain.utils.configuration import (
+        DataLoaderConfiguration,
+        DistributedType,
+        GradientAccumulationPlugin,
+        LoggerType,
+        PrecisionType,
+        ProjectConfiguration,
+        RNGType,
+    )
+    from drivetrain.utils.kwargs_handlers import (
+        AutocastKwargs,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+    )
+    from drivetrain.utils.operations import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+        send_to_device,
+        set_seed,
+        wait_for_everyone,
+    )
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "SeedableRandomSampler": "drivetrain.data.seeding",
+        "DistributedOperationException": "drivetrain.strategies.collective_monitor:CollectiveMismatchError",
+        "DataLoaderConfiguration": "drivetrain.utils.configuration",
+        "DistributedType": "drivetrain.utils.configuration",
+        "GradientAccumulationPlugin": "drivetrain.utils.configuration",
+        "LoggerType": "drivetrain.utils.configuration",
+        "PrecisionType": "drivetrain.utils.configuration",
+        "ProjectConfiguration": "drivetrain.utils.configuration",
+        "RNGType": "drivetrain.utils.configuration",
+        "AutocastKwargs": "drivetrain.utils.kwargs_handlers",
+        "DDPCommunicationHookType": "drivetrain.utils.kwargs_handlers",
+        "DistributedDataParallelKwargs": "drivetrain.utils.kwargs_handlers",
+        "GradScalerKwargs": "drivetrain.utils.kwargs_handlers",
+        "InitProcessGroupKwargs": "drivetrain.utils.kwargs_handlers",
+        "KwargsHandler": "drivetrain.utils.kwargs_handlers",
+        "broadcast": "drivetrain.utils.operations",
+        "broadcast_object_list": "drivetrain.utils.operations",
+        "gather": "drivetrain.utils.operations",
+        "gather_object": "drivetrain.utils.operations",
+        "pad_across_processes": "drivetrain.utils.operations",
+        "reduce": "drivetrain.utils.operations",
+        "send_to_device": "drivetrain.utils.operations",
+        "set_seed": "drivetrain.utils.operations",
+        "wait_for_everyone": "drivetrain.utils.operations",
+    },
 )
 
 __all__ = [

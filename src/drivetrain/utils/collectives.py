@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from drivetrain.strategies.collective_monitor import CollectiveMismatchError
-from drivetrain.strategies.strategy import Strategy
+
+if TYPE_CHECKING:
+    from drivetrain.strategies.strategy import Strategy
 
 REDUCTIONS = ("sum", "mean", "none")
 

@@ -1,12 +1,37 @@
-"""Callbacks: self-contained additions to a Trainer run (checkpointing, early stopping, progress …)."""
+"""Callbacks: self-contained additions to a Trainer run (checkpointing, early stopping, progress …).
 
-from drivetrain.trainer.callbacks.callback import Callback
-from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
-from drivetrain.trainer.callbacks.lr_monitor import LearningRateMonitor
-from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
-from drivetrain.trainer.callbacks.model_summary import ModelSummary
-from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
-from drivetrain.trainer.callbacks.throughput import ThroughputMonitor
+Each is imported on first use; a Trainer imports only the ones it is given or adds by default.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain._utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.trainer.callbacks.callback import Callback
+    from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
+    from drivetrain.trainer.callbacks.lr_monitor import LearningRateMonitor
+    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
+    from drivetrain.trainer.callbacks.model_summary import ModelSummary
+    from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+    from drivetrain.trainer.callbacks.throughput import ThroughputMonitor
+
+_PROGRESS = "drivetrain.trainer.callbacks.progress"
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Callback": "drivetrain.trainer.callbacks.callback",
+        "EarlyStopping": "drivetrain.trainer.callbacks.early_stopping",
+        "LearningRateMonitor": "drivetrain.trainer.callbacks.lr_monitor",
+        "ModelCheckpoint": "drivetrain.trainer.callbacks.model_checkpoint",
+        "ModelSummary": "drivetrain.trainer.callbacks.model_summary",
+        "ProgressBar": _PROGRESS,
+        "TQDMProgressBar": _PROGRESS,
+        "ThroughputMonitor": "drivetrain.trainer.callbacks.throughput",
+    },
+)
 
 __all__ = [
     "Callback",

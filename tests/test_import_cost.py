@@ -1,0 +1,108 @@
+"""What each public import loads: the front doors import their own class, not the rest of the package.
+
+The time these imports take is a benchmark (``python -m benchmarks run --cases import_time``), not
+a test; which modules they load is deterministic, and is what keeps that time low: callbacks,
+loggers, loops, the data layer and the core are imported when a Trainer or an Accelerator is
+built or run, and only the parts it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys
+import torch
+before = set(sys.modules)
+{statement}
+print(json.dumps(sorted(m for m in set(sys.modules) - before)))
+"""
+
+
+def _loaded(statement: str) -> list[str]:
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE.format(statement=statement)], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def _packages(modules: list[str]) -> set[str]:
+    return {".".join(m.split(".")[:2]) for m in modules if m.startswith("drivetrain.")}
+
+
+def test_importing_the_trainer_loads_only_the_trainer_and_the_module() -> None:
+    loaded = _loaded("from drivetrain import Trainer, TrainingModule, DataModule")
+    assert _packages(loaded) == {"drivetrain._utilities", "drivetrain.trainer"}
+    trainer_modules = {m for m in loaded if m.startswith("drivetrain.trainer.")}
+    assert trainer_modules <= {
+        "drivetrain.trainer.trainer",
+        "drivetrain.trainer.module",
+        "drivetrain.trainer.datamodule",
+        "drivetrain.trainer.hparams",
+        "drivetrain.trainer.properties",
+        "drivetrain.trainer.state",
+    }, "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
+    assert not [m for m in loaded if not m.startswith("drivetrain")], "no third-party or stdlib extras"
+
+
+def test_importing_the_accelerator_loads_neither_the_trainer_nor_the_data_layer_nor_loggers() -> None:
+    loaded = _loaded("from drivetrain import Accelerator")
+    packages = _packages(loaded)
+    assert "drivetrain.facade" in packages
+    assert not packages & {
+        "drivetrain.trainer",
+        "drivetrain.loggers",
+        "drivetrain.data",
+        "drivetrain.connector",
+        "drivetrain.plugins",
+        "drivetrain.cli",
+    }
+    assert not [
+        m
+        for m in loaded
+        if m.startswith(("drivetrain.strategies.", "drivetrain.accelerators."))
+        and not m.endswith((".rng", ".accelerator"))
+    ], "no strategy or hardware implementation before an Accelerator is built"
+
+
+def test_a_built_trainer_loads_the_callbacks_and_loggers_it_uses_and_no_sharded_strategy() -> None:
+    loaded = _loaded(
+        "import drivetrain as dt; dt.Trainer(accelerator='cpu', devices=1, logger=False, enable_progress_bar=False)"
+    )
+    callbacks = {m.rsplit(".", 1)[1] for m in loaded if m.startswith("drivetrain.trainer.callbacks.")}
+    assert callbacks <= {"callback", "model_checkpoint", "model_summary", "progress"}, "only the default ones"
+    assert not [m for m in loaded if m.startswith("drivetrain.loggers.") and m not in _LOGGER_CORE]
+    for absent in (
+        "drivetrain.strategies.fsdp",
+        "drivetrain.strategies.deepspeed",
+        "drivetrain.strategies.xla",
+    ):
+        assert absent not in loaded
+    assert "drivetrain.facade" not in _packages(loaded)
+    assert not [
+        m for m in loaded if m.startswith("drivetrain.trainer.loops.") and m.endswith(("fit", "evaluation"))
+    ]
+
+
+# What resolving logger=False needs: the base class and the resolver, not a logger implementation.
+_LOGGER_CORE = {"drivetrain.loggers.logger", "drivetrain.loggers.registry", "drivetrain.loggers.resolve"}
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "from drivetrain.utils import set_seed",
+        "from drivetrain.strategies import Strategy",
+        "from drivetrain.accelerators import Accelerator",
+        "from drivetrain.trainer.callbacks import Callback",
+    ],
+)
+def test_a_name_from_a_package_does_not_load_its_siblings(statement: str) -> None:
+    loaded = _loaded(statement)
+    for heavy in ("drivetrain.strategies.ddp", "drivetrain.trainer.trainer", "drivetrain.facade.accelerator"):
+        assert heavy not in loaded, f"{statement} loaded {heavy}"
