@@ -54,7 +54,9 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             and isinstance(node.value, str)
             and _MODULE_NAME.fullmatch(node.value)
         ):
-            found.append((node.lineno, node.value.partition(":")[0]))  # import_module("drivetrain.x"), lazy maps
+            found.append(
+                (node.lineno, node.value.partition(":")[0])
+            )  # import_module("drivetrain.x"), lazy maps
     return found
 
 

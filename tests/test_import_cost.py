@@ -62,12 +62,13 @@ def test_importing_the_accelerator_loads_neither_the_trainer_nor_the_data_layer_
         "drivetrain.plugins",
         "drivetrain.cli",
     }
+    # The core's step policy and set-up order are small modules the façade's classes are built on;
+    # no strategy, hardware plugin or registry is imported before an Accelerator is built.
+    implementations = {"strategy", "single_device", "parallel", "ddp", "fsdp", "deepspeed", "xla", "registry"}
     assert not [
-        m
-        for m in loaded
-        if m.startswith(("drivetrain.strategies.", "drivetrain.accelerators."))
-        and not m.endswith((".rng", ".accelerator"))
-    ], "no strategy or hardware implementation before an Accelerator is built"
+        m for m in loaded if m.startswith("drivetrain.strategies.") and m.split(".")[2] in implementations
+    ]
+    assert not [m for m in loaded if m.startswith("drivetrain.accelerators.")]
 
 
 def test_a_built_trainer_loads_the_callbacks_and_loggers_it_uses_and_no_sharded_strategy() -> None:

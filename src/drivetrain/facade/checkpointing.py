@@ -20,22 +20,18 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from drivetrain.data import PreparedDataLoader
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
-from drivetrain.plugins.io.atomic import is_complete, remove, resolve
-from drivetrain.strategies.checkpointing import (
-    TrainingObjects,
-    checkpoint_entries,
-    read_checkpoint,
-    restore_process_state,
-    write_checkpoint,
-)
-from drivetrain.utils.configuration import ProjectConfiguration
+
+# The checkpoint writer and reader are imported when the Accelerator saves or loads.
+if TYPE_CHECKING:
+    from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.strategies.checkpointing import TrainingObjects
+    from drivetrain.utils.configuration import ProjectConfiguration
 
 STATE_FILE = "state.ckpt"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -82,6 +78,8 @@ class Checkpointing(ProcessControl):
         Returns:
             The directory written.
         """
+        from drivetrain.strategies.checkpointing import checkpoint_entries, write_checkpoint
+
         _no_model_kwargs("save_state", kwargs)
         self._require_processes("save_state")
         config = self.project_configuration
@@ -117,6 +115,9 @@ class Checkpointing(ProcessControl):
         Returns:
             The directory loaded.
         """
+        from drivetrain.plugins.io.atomic import resolve
+        from drivetrain.strategies.checkpointing import read_checkpoint, restore_process_state
+
         _no_model_kwargs("load_state", kwargs)
         weights_only = _weights_only(load_kwargs)
         self._require_processes("load_state")
@@ -146,6 +147,8 @@ class Checkpointing(ProcessControl):
         return str(directory)
 
     def _training_objects(self) -> TrainingObjects:
+        from drivetrain.strategies.checkpointing import TrainingObjects
+
         return TrainingObjects(
             models=self._models,
             optimizers=[optimizer.optimizer for optimizer in self._optimizers],
@@ -155,6 +158,8 @@ class Checkpointing(ProcessControl):
 
     # -- automatic naming ---------------------------------------------------------------------
     def _next_automatic_dir(self) -> Path:
+        from drivetrain.plugins.io.atomic import remove
+
         config = self.project_configuration
         if not config.automatic_checkpoint_naming:
             raise ValueError(
@@ -227,12 +232,16 @@ def _existing(root: Path) -> list[tuple[int, Path]]:
 
 
 def _holds_complete_state(directory: Path) -> bool:
+    from drivetrain.plugins.io.atomic import is_complete, resolve
+
     path = resolve(directory / STATE_FILE)
     return path is not None and is_complete(path)
 
 
 def _prune_automatic(root: Path, keep: int | None, newest: Path) -> None:
     """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
+    from drivetrain.plugins.io.atomic import remove
+
     existing = [path for _, path in _existing(root) if path != newest]
     complete = [path for path in existing if _holds_complete_state(path)]
     doomed = [path for path in existing if path not in complete]

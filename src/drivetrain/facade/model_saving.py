@@ -11,15 +11,16 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward
-from drivetrain.plugins.io.atomic import write_file
-from drivetrain.utils.configuration import ProjectConfiguration
+
+if TYPE_CHECKING:
+    from drivetrain.utils.configuration import ProjectConfiguration
 
 
 class ModelSaving(ProcessControl):
@@ -74,6 +75,8 @@ class ModelSaving(ProcessControl):
 
 def save_object(obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
     """Write ``obj`` to ``f`` crash-safely, with ``torch.save`` or as safetensors."""
+    from drivetrain.plugins.io.atomic import write_file
+
     if safe_serialization:
         write_file(f, lambda tmp: _write_safetensors(obj, tmp))
     else:
