@@ -55,6 +55,37 @@ def test_node_rank_matches_short_and_qualified_host_names(jsrun, monkeypatch):
     assert jsrun.node_rank() == 1
 
 
+def test_node_rank_when_lsf_lists_ip_addresses(jsrun, monkeypatch):
+    # All addresses share their first octet: comparing "short names" would match the first host.
+    monkeypatch.setenv("LSB_MCPU_HOSTS", "10.10.10.9 1 10.10.10.1 4 10.10.10.2 4")
+    monkeypatch.delenv("LSB_DJOB_RANKFILE")
+    monkeypatch.setattr(socket, "gethostname", lambda: "10.10.10.2")
+    assert jsrun.compute_hosts() == ["10.10.10.1", "10.10.10.2"]
+    assert jsrun.node_rank() == 1
+    assert jsrun.main_address == "10.10.10.1"
+
+
+def test_node_rank_finds_this_machine_by_its_address(jsrun, monkeypatch):
+    # The host reports a name while LSF lists addresses: the one assigned to this machine is ours
+    # (203.0.113.0/24 is reserved for documentation: no machine has it).
+    monkeypatch.setenv("LSB_MCPU_HOSTS", "batch1 1 203.0.113.7 4 127.0.0.1 4")
+    monkeypatch.delenv("LSB_DJOB_RANKFILE")
+    monkeypatch.setattr(socket, "gethostname", lambda: "h01n02")
+    assert jsrun.node_rank() == 1
+    monkeypatch.setenv("LSB_MCPU_HOSTS", "batch1 1 203.0.113.7 4 203.0.113.8 4")
+    with pytest.raises(
+        ValueError, match=r"cannot find this host 'h01n02' among .*'203.0.113.7', '203.0.113.8'"
+    ):
+        jsrun.node_rank()
+
+
+def test_an_address_never_matches_a_name_by_its_first_label(jsrun, monkeypatch):
+    monkeypatch.setenv("LSB_MCPU_HOSTS", "batch1 1 10.0.0.1 4 10 4")
+    monkeypatch.delenv("LSB_DJOB_RANKFILE")
+    monkeypatch.setattr(socket, "gethostname", lambda: "10.cluster.org")
+    assert jsrun.node_rank() == 1
+
+
 def test_node_rank_of_a_host_outside_the_job(jsrun, monkeypatch):
     monkeypatch.setattr(socket, "gethostname", lambda: "login3")
     with pytest.raises(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -53,6 +54,13 @@ def srun(setenv):
         ("a[3],b,c[5,1]", ["a3", "b", "c5", "c1"]),
         ("host-1.cluster.org,host-2.cluster.org", ["host-1.cluster.org", "host-2.cluster.org"]),
         (" node[1-2] ", ["node1", "node2"]),
+        # Separators as SLURM's own parser takes them: commas, spaces, tabs; empty entries skipped.
+        ("alpha beta\tgamma", ["alpha", "beta", "gamma"]),
+        ("alpha, beta,,gamma", ["alpha", "beta", "gamma"]),
+        # Whitespace inside brackets is not SLURM's, but must not break the list (nor the padding).
+        ("1.2.3.[089, 100-102]", ["1.2.3.089", "1.2.3.100", "1.2.3.101", "1.2.3.102"]),
+        ("n[ 1 - 2 ,07]", ["n1", "n2", "n07"]),
+        ("10.0.0.[1-2],10.0.1.5", ["10.0.0.1", "10.0.0.2", "10.0.1.5"]),
     ],
 )
 def test_expand_hostlist(expression, hosts):
@@ -62,14 +70,16 @@ def test_expand_hostlist(expression, hosts):
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
-        ("", r"The SLURM host list is empty"),
+        ("", r"The SLURM host list '' names no host"),
+        (" ,\t", r"names no host"),
         ("node[1-2", r"Unclosed '\[' in the host list 'node\[1-2'"),
         ("node1-2]", r"Unbalanced '\]'"),
         ("node[[1]]", r"Nested brackets"),
         ("node[a-b]", r"Invalid range 'a-b' in the host list 'node\[a-b\]'"),
         ("node[]", r"Invalid range ''"),
         ("node[3-1]", r"Descending range '3-1'"),
-        ("node1,,node2", r"Empty entry in the host list"),
+        ("node[1,,2]", r"Invalid range ''"),
+        ("node[1 2]", r"Invalid range '1 2'"),
     ],
 )
 def test_expand_hostlist_rejects_malformed_lists(expression, message):
@@ -119,6 +129,40 @@ def test_main_address_falls_back_to_slurm_nodelist(srun, monkeypatch):
     monkeypatch.delenv("SLURM_NODELIST")
     with pytest.raises(ValueError, match=r"needs the node list.*Set MASTER_ADDR"):
         _ = srun.main_address
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [("1.2.3.[089, 100-110]", "1.2.3.089"), ("alpha beta gamma", "alpha"), ("alpha, beta", "alpha")],
+)
+def test_main_address_from_node_lists_with_spaces(srun, setenv, nodelist, first):
+    setenv(SLURM_JOB_NODELIST=nodelist)
+    assert srun.main_address == first
+
+
+def test_expand_hostlist_agrees_with_python_hostlist():
+    """Random expressions in the grammar both parsers take give the same hosts in the same order."""
+    hostlist = pytest.importorskip("hostlist")
+    rng = random.Random(0)
+    for _ in range(300):
+        items = []
+        for _ in range(rng.randint(1, 4)):
+            item = rng.choice(["n", "gpu-", "rack", "10.1.", "a.b"])
+            for _ in range(rng.randint(0, 2)):
+                ranges = []
+                for _ in range(rng.randint(1, 3)):
+                    low = rng.randint(0, 12)
+                    width = rng.choice([1, 2, 3])
+                    piece = str(low).zfill(width)
+                    if rng.random() < 0.5:
+                        piece += "-" + str(low + rng.randint(0, 3)).zfill(width)
+                    ranges.append(piece)
+                item += "[" + ",".join(ranges) + "]" + rng.choice(["", "x", "-ib"])
+            items.append(item)
+        expression = ",".join(items)
+        assert expand_hostlist(expression) == hostlist.expand_hostlist(expression, allow_duplicates=True), (
+            expression
+        )
 
 
 def test_main_port_is_derived_from_the_job_id_identically_everywhere(srun, setenv):

@@ -3,6 +3,15 @@
 SLURM writes ``SLURM_JOB_NODELIST`` as a *hostlist expression* and ``SLURM_TASKS_PER_NODE`` as a
 run-length encoded list; these helpers expand both without calling ``scontrol``, which is not
 available inside every container a job runs in.
+
+The grammar follows SLURM's own parser: hosts are separated by commas, spaces or tabs (empty
+entries are skipped), a bracket holds comma-separated numbers and ranges whose zero padding is
+kept, and several bracket groups in one host multiply out. Whitespace around the numbers inside
+a bracket is ignored (``"1.2.3.[089, 100-110]"``); SLURM does not write it, but people do.
+
+Why not the ``python-hostlist`` package: it is GPL-licensed (drivetrain is Apache-2.0), it takes
+spaces as part of a host name (``"a b"`` is one host, ``"1.2.3.[089, 100-110]"`` an error) and
+drops repeated hosts; the tests use it as an oracle for the expressions both accept.
 """
 
 from __future__ import annotations
@@ -13,8 +22,11 @@ import re
 _COUNT_PATTERN = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
+_SEPARATORS = frozenset(", \t\n")
+
+
 def _split_top_level(text: str, expression: str) -> list[str]:
-    """Split ``text`` at commas that are not inside brackets."""
+    """Split ``text`` at separators that are not inside brackets, skipping empty entries."""
     parts: list[str] = []
     depth = 0
     start = 0
@@ -27,23 +39,23 @@ def _split_top_level(text: str, expression: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise ValueError(f"Unbalanced ']' in the host list {expression!r}.")
-        elif char == "," and depth == 0:
+        elif char in _SEPARATORS and depth == 0:
             parts.append(text[start:index])
             start = index + 1
     if depth != 0:
         raise ValueError(f"Unclosed '[' in the host list {expression!r}.")
     parts.append(text[start:])
-    return parts
+    return [part for part in parts if part]
 
 
 def _expand_range_set(body: str, expression: str) -> list[str]:
     """Expand the inside of one bracket, e.g. ``"001-003,007"``, keeping zero padding."""
     values: list[str] = []
     for piece in body.split(","):
-        low, dash, high = piece.partition("-")
+        low, dash, high = (part.strip() for part in piece.partition("-"))
         if not low.isdigit() or (dash and not high.isdigit()):
             raise ValueError(
-                f"Invalid range {piece!r} in the host list {expression!r}; "
+                f"Invalid range {piece.strip()!r} in the host list {expression!r}; "
                 "expected numbers or ranges like '1-4' or '001-012' inside brackets."
             )
         if not dash:
@@ -78,20 +90,19 @@ def _expand_item(item: str, expression: str) -> list[str]:
 def expand_hostlist(expression: str) -> list[str]:
     """Expand a SLURM hostlist expression into host names, in order.
 
-    Example: ``"node[001-003,007],gpu-a[1-2],login"`` gives ``node001, node002, node003,
+    Example: ``"node[001-003,007],gpu-a[1-2] login"`` gives ``node001, node002, node003,
     node007, gpu-a1, gpu-a2, login``.
 
     Raises:
         ValueError: The expression is empty or malformed.
     """
-    text = expression.strip()
-    if not text:
-        raise ValueError("The SLURM host list is empty; expected something like 'node[01-04]'.")
+    items = _split_top_level(expression, expression)
+    if not items:
+        raise ValueError(
+            f"The SLURM host list {expression!r} names no host; expected something like 'node[01-04]'."
+        )
     hosts: list[str] = []
-    for item in _split_top_level(text, expression):
-        item = item.strip()
-        if not item:
-            raise ValueError(f"Empty entry in the host list {expression!r}.")
+    for item in items:
         hosts.extend(_expand_item(item, expression))
     return hosts
 

@@ -14,6 +14,7 @@ among them. Set ``MASTER_ADDR`` to override the rendezvous host.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 from drivetrain.plugins.environments import _environ as env
@@ -41,6 +42,55 @@ def _hosts_from_mcpu(value: str) -> list[str]:
     for count in fields[1::2]:
         env.parse_int("LSB_MCPU_HOSTS", count, minimum=1)
     return hosts
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _index_of_this_host(hosts: list[str], hostname: str) -> int | None:
+    """Where ``hostname`` (this machine) appears in ``hosts``; ``None`` when it does not."""
+    if hostname in hosts:
+        return hosts.index(hostname)
+    if not _is_address(hostname):
+        short = hostname.split(".")[0]
+        for index, host in enumerate(hosts):
+            if not _is_address(host) and host.split(".")[0] == short:
+                return index
+    listed = [(index, host) for index, host in enumerate(hosts) if _is_address(host)]
+    if not listed:
+        return None
+    resolved = _addresses_of(hostname)
+    for index, host in listed:
+        if ipaddress.ip_address(host) in resolved:
+            return index
+    for index, host in listed:
+        if _assigned_here(host):
+            return index
+    return None
+
+
+def _addresses_of(hostname: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        found = socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return set()
+    return {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found}
+
+
+def _assigned_here(address: str) -> bool:
+    """Whether ``address`` belongs to one of this machine's network interfaces (it can be bound)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
 
 
 class LSFEnvironment(ClusterEnvironment):
@@ -131,22 +181,26 @@ class LSFEnvironment(ClusterEnvironment):
         return env.require_int("JSM_NAMESPACE_LOCAL_RANK", who=_WHO)
 
     def node_rank(self) -> int:
-        """The index of this host (``socket.gethostname()``) among the compute hosts.
+        """The index of this host among the compute hosts.
+
+        LSF lists hosts by name or by IP address. A name matches ``socket.gethostname()`` exactly
+        or by its first label (LSF may list short names while the host reports its FQDN, or the
+        other way round); an address matches one this host's name resolves to, or one assigned to
+        this machine (it can be bound). Addresses are never compared label by label: their first
+        "label" is an octet that many hosts share.
 
         Raises:
             ValueError: This host is not among them.
         """
         hosts = self.compute_hosts()
         hostname = socket.gethostname()
-        # LSF may list short names while gethostname() returns the FQDN, or the other way round.
-        short = hostname.split(".")[0]
-        for index, host in enumerate(hosts):
-            if host in (hostname, short) or host.split(".")[0] == short:
-                return index
-        raise ValueError(
-            f"{_WHO} cannot find this host {hostname!r} among the job's compute hosts {hosts}. "
-            "Is this process running inside the LSF job that set LSB_DJOB_RANKFILE/LSB_MCPU_HOSTS?"
-        )
+        index = _index_of_this_host(hosts, hostname)
+        if index is None:
+            raise ValueError(
+                f"{_WHO} cannot find this host {hostname!r} among the job's compute hosts {hosts}. "
+                "Is this process running inside the LSF job that set LSB_DJOB_RANKFILE/LSB_MCPU_HOSTS?"
+            )
+        return index
 
     def processes_per_node(self) -> int | None:
         hosts = self.compute_hosts()
