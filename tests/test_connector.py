@@ -175,6 +175,64 @@ def test_a_strategy_instance_keeps_its_own_components() -> None:
     assert strategy.precision is precision
 
 
+CPU = torch.device("cpu")
+
+
+def test_a_strategys_own_devices_must_match_the_accelerator(hardware: Any) -> None:
+    hardware.cuda(2)
+    with pytest.raises(
+        ValueError,
+        match=r"DDPStrategy\(\.\.\.\) was built with the devices \[cpu, cpu\], but the accelerator is "
+        r"CUDAAccelerator, whose devices are 'cuda' devices\. Use accelerator='cpu'",
+    ):
+        dt.connect(accelerator="cuda", strategy=DDPStrategy(parallel_devices=[CPU, CPU]))
+    with pytest.raises(
+        ValueError, match=r"SingleDeviceStrategy\(\.\.\.\) was built with the devices \[cuda:1\]"
+    ):
+        dt.connect(accelerator="cpu", strategy=SingleDeviceStrategy(device="cuda:1"))
+    # The public front door refuses it at construction, as connect() does.
+    with pytest.raises(
+        ValueError, match=r"built with the devices \[cpu\], but the accelerator is CUDAAccelerator"
+    ):
+        dt.Trainer(accelerator="gpu", strategy=SingleDeviceStrategy(device="cpu"))
+
+
+def test_a_strategys_own_devices_choose_the_accelerator_and_the_process_count(hardware: Any) -> None:
+    hardware.cuda(2)
+    # "auto" would pick CUDA here; the strategy's devices say CPU, and how many processes.
+    strategy = dt.connect(strategy=DDPStrategy(parallel_devices=[CPU, CPU]))
+    assert isinstance(strategy.accelerator, CPUAccelerator)
+    assert strategy.parallel_devices == [CPU, CPU] and strategy.world_size == 2
+    single = dt.connect(strategy=SingleDeviceStrategy(device="cuda:1"))
+    assert isinstance(single.accelerator, CUDAAccelerator) and single.root_device == torch.device("cuda", 1)
+    cuda = dt.connect(
+        accelerator="gpu",
+        devices=[1, 0],
+        strategy=DDPStrategy(parallel_devices=[torch.device("cuda", 1), torch.device("cuda", 0)]),
+    )
+    assert cuda.parallel_devices == [torch.device("cuda", 1), torch.device("cuda", 0)]
+
+
+def test_a_strategys_own_devices_must_match_devices(hardware: Any) -> None:
+    hardware.cuda(2)
+    with pytest.raises(
+        ValueError, match=r"built with the devices \[cpu, cpu\], but devices=3 asks for \[cpu, cpu, cpu\]"
+    ):
+        dt.connect(accelerator="cpu", devices=3, strategy=DDPStrategy(parallel_devices=[CPU, CPU]))
+    with pytest.raises(
+        ValueError, match=r"built with the devices \[cuda:0, cuda:1\], but devices=\[1, 0\] asks"
+    ):
+        dt.connect(
+            accelerator="cuda",
+            devices=[1, 0],
+            strategy=DDPStrategy(parallel_devices=[torch.device("cuda", 0), torch.device("cuda", 1)]),
+        )
+    assert (
+        dt.connect(accelerator="cpu", devices=2, strategy=DDPStrategy(parallel_devices=[CPU, CPU])).world_size
+        == 2
+    )
+
+
 class OwnIOStrategy(SingleDeviceStrategy):
     """Keeps its checkpoint IO its own way, and says so through the public given_plugins()."""
 

@@ -16,7 +16,13 @@ from typing import Any, TypeAlias
 import torch
 
 from drivetrain._utilities.registry import RegistryEntry
-from drivetrain.accelerators import Accelerator, XLAAccelerator, devices_for, resolve_accelerator
+from drivetrain.accelerators import (
+    Accelerator,
+    AcceleratorRegistry,
+    XLAAccelerator,
+    devices_for,
+    resolve_accelerator,
+)
 from drivetrain.plugins.environments import ClusterEnvironment, detect_cluster_environment
 from drivetrain.plugins.io import CheckpointIO
 from drivetrain.plugins.precision import Precision, canonical_precision, precision_from_name
@@ -85,6 +91,7 @@ def connect(
         given.add("precision", precision, "precision=")
 
     entry: RegistryEntry | None = None
+    strategy_devices: list[torch.device] | None = None
     if isinstance(strategy, str):
         if strategy != "auto":
             entry = StrategyRegistry.entry(strategy)
@@ -94,12 +101,19 @@ def connect(
     else:
         for name, value in _given_plugins(strategy).items():
             given.add(name, value, f"the {type(strategy).__name__} instance")
+        strategy_devices = _given_devices(strategy)
 
-    accelerator_choice = _choose_accelerator(accelerator, given)
+    accelerator_choice = _choose_accelerator(accelerator, given, strategy_devices)
     hardware = resolve_accelerator(accelerator_choice)
     environment = given.get("cluster_environment") or detect_cluster_environment()
+    requested_devices = devices
     devices, num_nodes = _devices_under(environment, devices, num_nodes)
-    parallel_devices = devices_for(hardware, devices)
+    if strategy_devices is None:
+        parallel_devices = devices_for(hardware, devices)
+    else:
+        parallel_devices = _check_strategy_devices(
+            strategy, strategy_devices, hardware, devices, requested_devices
+        )
     environment.validate_settings(len(parallel_devices), num_nodes)
     world_size = (
         environment.world_size()
@@ -245,11 +259,35 @@ def _check_argument_types(
         )
 
 
-def _choose_accelerator(accelerator: str | Accelerator, given: _Components) -> str | Accelerator:
+def _given_devices(strategy: Strategy) -> list[torch.device] | None:
+    given = strategy.given_devices()
+    if given is None:
+        return None
+    if (
+        not isinstance(given, (list, tuple))
+        or not given
+        or not all(isinstance(d, torch.device) for d in given)
+    ):
+        raise TypeError(
+            f"{type(strategy).__name__}.given_devices() must return None or a non-empty list of torch.device, "
+            f"got {given!r}."
+        )
+    return list(given)
+
+
+def _choose_accelerator(
+    accelerator: str | Accelerator, given: _Components, strategy_devices: list[torch.device] | None
+) -> str | Accelerator:
     from_strategy = given.get("accelerator")
     launched = launched_accelerator()
     if isinstance(accelerator, str) and accelerator == "auto":
         chosen: str | Accelerator = from_strategy if from_strategy is not None else (launched or "auto")
+        if (
+            chosen == "auto"
+            and strategy_devices is not None
+            and strategy_devices[0].type in AcceleratorRegistry
+        ):
+            chosen = strategy_devices[0].type  # the strategy's own devices say which hardware
     elif from_strategy is not None and from_strategy is not accelerator:
         raise ValueError(
             f"The accelerator is given twice: accelerator={accelerator!r} and {from_strategy!r} inside the strategy. "
@@ -275,6 +313,53 @@ def _devices_under(environment: ClusterEnvironment, devices: Any, num_nodes: int
     if num_nodes == 1 and environment.world_size() > per_node:
         num_nodes = environment.world_size() // per_node  # num_nodes left at its default: take the launcher's
     return per_node, num_nodes
+
+
+def _check_strategy_devices(
+    strategy: str | Strategy,
+    given: list[torch.device],
+    hardware: Accelerator,
+    devices: Any,
+    requested: Any,
+) -> list[torch.device]:
+    """The devices a strategy instance was built with, checked against the accelerator and ``devices=``."""
+    owner = f"{type(strategy).__name__}(...)"  # only instances give their own devices
+    wanted = (
+        None
+        if isinstance(devices, str) and devices.strip().lower() == "auto"
+        else devices_for(hardware, devices)
+    )
+    kind = (wanted or devices_for(hardware, 1))[0].type
+    if any(device.type != kind for device in given):
+        types = sorted({device.type for device in given})
+        raise ValueError(
+            f"{owner} was built with the devices {_listed(given)}, but the accelerator is "
+            f"{type(hardware).__name__}, whose devices are {kind!r} devices. Use accelerator={types[0]!r} "
+            f"(or 'auto', which follows the strategy's devices), or build the strategy with {kind!r} devices, "
+            f"or leave its devices out and choose them with devices=."
+        )
+    if wanted is not None and not _same_devices(wanted, given):
+        where = (
+            f"devices={requested!r}"
+            if requested == devices
+            else f"devices={devices!r} (the processes per node the launcher started)"
+        )
+        raise ValueError(
+            f"{owner} was built with the devices {_listed(given)}, but {where} asks for "
+            f"{_listed(wanted)}. Leave devices= at 'auto' (the strategy's devices are used), or make the two agree."
+        )
+    return given
+
+
+def _same_devices(wanted: list[torch.device], given: list[torch.device]) -> bool:
+    return len(wanted) == len(given) and all(
+        a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+        for a, b in zip(wanted, given, strict=True)
+    )
+
+
+def _listed(devices: list[torch.device]) -> str:
+    return "[" + ", ".join(str(device) for device in devices) + "]"
 
 
 def _build_strategy(

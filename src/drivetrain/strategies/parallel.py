@@ -139,6 +139,9 @@ class ParallelStrategy(Strategy):
             given["cluster_environment"] = self._cluster_environment
         return given
 
+    def given_devices(self) -> list[torch.device] | None:
+        return list(self._parallel_devices) if self._parallel_devices is not None else None
+
     def connect_plugins(
         self,
         *,

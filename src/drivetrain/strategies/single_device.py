@@ -33,6 +33,9 @@ class SingleDeviceStrategy(Strategy):
         super().__init__(accelerator, checkpoint_io, precision, precision_plugin=precision_plugin)
         self._device = _as_device(device) if device is not None else None
 
+    def given_devices(self) -> list[torch.device] | None:
+        return [self._device] if self._device is not None else None
+
     def connect_plugins(self, *, parallel_devices: list[torch.device], **plugins: Any) -> None:
         super().connect_plugins(parallel_devices=parallel_devices, **plugins)
         if self._device is None:

@@ -129,6 +129,16 @@ class Strategy:
         }
         return {kind: plugin for kind, plugin in given.items() if plugin is not None}
 
+    def given_devices(self) -> list[torch.device] | None:
+        """The devices this strategy was built with, before :func:`drivetrain.connect` wires it.
+
+        ``None`` (the default) leaves them to ``connect()`` (from ``devices=`` and the
+        accelerator). Otherwise they fix the devices: ``connect()`` checks them against the
+        accelerator (same device type) and against an explicit ``devices=`` (same count and
+        indices), and picks the accelerator from their type under ``accelerator="auto"``.
+        """
+        return None
+
     def connect_plugins(
         self,
         *,
