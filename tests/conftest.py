@@ -10,6 +10,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# DeepSpeed's compiled ops go to the venv's own cache (prebuilt there by scripts/install-test-deps):
+# builds record the venv's paths, and a build killed half-way in a shared cache leaves a lock
+# that makes every later DeepSpeed process wait forever.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+
 if os.environ.get("LOCAL_RANK", "0") != "0" and "PYTEST_XDIST_WORKER" not in os.environ:
     # A test built a multi-device Trainer/Accelerator inside the pytest process, so the script
     # launcher re-ran pytest itself as rank 1; the autouse fixture below would then clear
