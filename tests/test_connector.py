@@ -84,7 +84,11 @@ def test_plugins_are_sorted_by_type() -> None:
     ("kwargs", "error", "message"),
     [
         ({"accelerator": "quantum"}, ValueError, r"Unknown accelerator 'quantum'. Available: cpu, cuda"),
-        ({"strategy": "dpp"}, ValueError, r"Unknown strategy 'dpp'. Available: ddp, ddp_find_unused"),
+        (
+            {"strategy": "dpp"},
+            ValueError,
+            r"Unknown strategy 'dpp'. Did you mean 'ddp'\? Available: ddp, ddp_find_unused",
+        ),
         ({"precision": "fp13"}, ValueError, r"fp13"),
         ({"num_nodes": 0}, ValueError, r"num_nodes=0 is not allowed.*num_nodes>=1"),
         ({"num_nodes": 1.5}, TypeError, r"num_nodes= expects an int"),

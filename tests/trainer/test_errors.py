@@ -83,7 +83,11 @@ class NoOptimizer(Regression):
             ValueError,
             r"accelerator='gpu' was requested but no GPU backend was found here",
         ),
-        ({"accelerator": "tpu9"}, ValueError, r"Unknown accelerator 'tpu9'\. Available: .*cpu"),
+        (
+            {"accelerator": "tpu9"},
+            ValueError,
+            r"Unknown accelerator 'tpu9'\. Did you mean 'tpu'\? Available: .*cpu",
+        ),
         ({"strategy": "ddp_magic"}, ValueError, r"Unknown strategy 'ddp_magic'\. Available: .*ddp_spawn"),
     ],
 )

@@ -14,15 +14,38 @@ Rules for names that are already taken:
 
 from __future__ import annotations
 
+import difflib
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 _BUILTIN_PREFIX = "drivetrain."
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A name no registry entry has.
+
+    A ``ValueError``, as every bad user input here, and a ``KeyError``, as Lightning's dict-based
+    registries raise for ``StrategyRegistry["nope"]``: code written for either catches it.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's str() is the repr of its argument; this error carries a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """``" Did you mean 'ddp'?"`` for the choice closest to ``name``, or ``""`` when none is close."""
+    if not isinstance(name, str):
+        return ""
+    by_lower = {choice.lower(): choice for choice in choices}
+    match = difflib.get_close_matches(name.strip().lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" Did you mean {by_lower[match[0]]!r}?" if match else ""
 
 
 @dataclass(frozen=True)
@@ -125,11 +148,49 @@ class Registry(Generic[T]):
         del self._entries[name]
 
     # -- lookup -----------------------------------------------------------------------------
-    def get(self, name: str, **overrides: Any) -> T:
-        """Build the class registered under ``name`` with its stored kwargs (plus ``overrides``)."""
+    def get(self, name: str, default: Any = None, **overrides: Any) -> T:
+        """Build the class registered under ``name`` with its stored kwargs (plus ``overrides``).
+
+        Args:
+            name: a registered name.
+            default: returned instead of an error for an unknown name, when given (Lightning's
+                ``get(name, default)``).
+            overrides: constructor arguments on top of the registered ones.
+        """
+        if default is not None and name not in self:
+            return default
         entry = self.entry(name)
         kwargs = {**entry.init_kwargs, **overrides}
         return entry.cls(**kwargs)
+
+    def __getitem__(self, name: str) -> Mapping[str, Any]:
+        """Lightning's dict-style view of one entry (read-only).
+
+        ``StrategyRegistry["ddp"]`` is ``{"strategy": DDPStrategy, "strategy_name": "ddp",
+        "description": ..., "init_params": {...}}``; an accelerator's has ``"accelerator"`` and
+        ``"accelerator_name"``. Register and remove through :meth:`register` and :meth:`remove`.
+        """
+        entry = self.entry(name)
+        return MappingProxyType(
+            {
+                self.kind: entry.cls,
+                f"{self.kind}_name": entry.name,
+                "description": entry.description,
+                "init_params": MappingProxyType(dict(entry.init_kwargs)),
+            }
+        )
+
+    def keys(self) -> list[str]:
+        """The registered names, sorted (as a dict's keys)."""
+        return self.available()
+
+    def values(self) -> list[Mapping[str, Any]]:
+        """The dict-style view (see :meth:`__getitem__`) of every entry, by name."""
+        return [self[name] for name in self.available()]
+
+    def items(self) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(name, view)`` pairs, by name."""
+        return [(name, self[name]) for name in self.available()]
 
     def entry(self, name: str) -> RegistryEntry:
         """The :class:`RegistryEntry` for ``name``; unknown names list what is available."""
@@ -164,10 +225,12 @@ class Registry(Generic[T]):
         return f"{type(self).__name__}({self.kind!r}, {self.available()})"
 
     # -- internals --------------------------------------------------------------------------
-    def _unknown(self, name: object) -> ValueError:
-        return ValueError(
-            f"Unknown {self.kind} {name!r}. Available: {', '.join(self.available()) or '(none)'}. "
-            f"Register your own with {self.kind.capitalize()}Registry.register(name, cls)."
+    def _unknown(self, name: object) -> UnknownNameError:
+        available = self.available()
+        return UnknownNameError(
+            f"Unknown {self.kind} {name!r}.{did_you_mean(name, available)} Available: "
+            f"{', '.join(available) or '(none)'}. Register your own with "
+            f"{self.kind.capitalize()}Registry.register(name, cls)."
         )
 
     def _load_builtins(self) -> None:

@@ -123,7 +123,9 @@ class DDPStrategy(ParallelStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        presets: list[tuple[str, str, dict[str, Any]]] = [
+        # Each way of starting processes, plain and with find_unused_parameters set either way:
+        # the same twelve names Lightning registers.
+        start_methods: list[tuple[str, str, dict[str, Any]]] = [
             ("ddp", "One process per device, started by re-running the script (like torchrun).", {}),
             (
                 "ddp_spawn",
@@ -140,29 +142,22 @@ class DDPStrategy(ParallelStrategy):
                 "DDP with forked processes, for notebooks and other interactive sessions.",
                 {"start_method": "fork"},
             ),
-            (
-                "ddp_find_unused_parameters_true",
-                "DDP that tolerates parameters unused in a step.",
-                {"find_unused_parameters": True},
-            ),
-            (
-                "ddp_find_unused_parameters_false",
-                "DDP that expects every parameter to get a gradient.",
-                {"find_unused_parameters": False},
-            ),
-            (
-                "ddp_spawn_find_unused_parameters_true",
-                "ddp_spawn that tolerates unused parameters.",
-                {"start_method": "spawn", "find_unused_parameters": True},
-            ),
-            (
-                "ddp_fork_find_unused_parameters_true",
-                "ddp_fork that tolerates unused parameters.",
-                {"start_method": "fork", "find_unused_parameters": True},
-            ),
         ]
-        for name, description, kwargs in presets:
-            strategy_registry.register(name, cls, description=description, **kwargs)
+        for base, description, kwargs in start_methods:
+            strategy_registry.register(base, cls, description=description, **kwargs)
+            for unused in (True, False):
+                what = (
+                    "tolerates parameters unused in a step"
+                    if unused
+                    else "expects every parameter to get a gradient"
+                )
+                strategy_registry.register(
+                    f"{base}_find_unused_parameters_{str(unused).lower()}",
+                    cls,
+                    description=f"{base!r} that {what}.",
+                    **kwargs,
+                    find_unused_parameters=unused,
+                )
 
 
 @lru_cache(maxsize=1)

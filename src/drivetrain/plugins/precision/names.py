@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from drivetrain._utilities.registry import Registry
+from drivetrain._utilities.registry import Registry, did_you_mean
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.plugins.precision.double import DoublePrecision
 from drivetrain.plugins.precision.half import HalfPrecision
@@ -70,6 +70,11 @@ def _accepted_spellings() -> str:
     return f"{', '.join(map(repr, CANONICAL_PRECISIONS))} (or {aliases})"
 
 
+def _closest(value: object) -> str:
+    spellings = [*CANONICAL_PRECISIONS, *(a for a in PRECISION_ALIASES if isinstance(a, str))]
+    return did_you_mean(value, [*spellings, *PrecisionRegistry.available()])
+
+
 def canonical_precision(value: str | int) -> str:
     """The canonical name for a precision spelling: ``"fp16"`` and ``16`` → ``"16-mixed"``.
 
@@ -87,7 +92,7 @@ def canonical_precision(value: str | int) -> str:
         return value
     canonical = PRECISION_ALIASES.get(value)
     if canonical is None:
-        raise ValueError(f"Unknown precision {value!r}. Accepted: {_accepted_spellings()}.")
+        raise ValueError(f"Unknown precision {value!r}.{_closest(value)} Accepted: {_accepted_spellings()}.")
     return canonical
 
 
@@ -113,7 +118,7 @@ def precision_from_name(
             name = canonical_precision(value)
         except ValueError:
             raise ValueError(
-                f"Unknown precision {value!r}. Accepted: {_accepted_spellings()}; registered: "
+                f"Unknown precision {value!r}.{_closest(value)} Accepted: {_accepted_spellings()}; registered: "
                 f"{', '.join(PrecisionRegistry.available())}. Register your own with "
                 f"PrecisionRegistry.register(name, cls)."
             ) from None
