@@ -1,0 +1,89 @@
+"""The installed ``accelerate`` package whose portable test scripts the conformance suite runs.
+
+Accelerate ships its test scripts inside its wheel (``accelerate/test_utils/scripts/...``). They
+are installed into a separate virtual environment, ``.compat-venv`` at the repository root
+(git-ignored; ``DRIVETRAIN_COMPAT_VENV`` moves it), never into the project's ``.venv``. The
+version is the one pinned in ``constraints.txt``. The scripts run on drivetrain's interpreter with
+their ``accelerate`` imports redirected (``hook.py``), so the environment only has to hold
+accelerate's files: it is installed without its dependencies (no second torch, ~5 s instead of a
+minute), with ``-c constraints.txt`` so the pin applies. The first test of a run builds it; every
+later test and run reuses it after checking the version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONSTRAINTS = REPO / "constraints.txt"
+VENV_VARIABLE = "DRIVETRAIN_COMPAT_VENV"
+
+
+def pinned_version(constraints: Path = CONSTRAINTS) -> str:
+    """The ``accelerate==X`` pin of ``constraints.txt``."""
+    for line in constraints.read_text().splitlines():
+        match = re.fullmatch(r"\s*accelerate\s*==\s*([\w.]+)\s*(#.*)?", line)
+        if match:
+            return match.group(1)
+    raise RuntimeError(f"{constraints} pins no accelerate version (expected a line 'accelerate==X.Y.Z').")
+
+
+def venv_path() -> Path:
+    return Path(os.environ.get(VENV_VARIABLE, REPO / ".compat-venv"))
+
+
+def _site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise RuntimeError(f"{venv} has no lib/python3*/site-packages; delete it and run again.")
+    return found[0]
+
+
+def _installed_version(site_packages: Path) -> str | None:
+    for info in site_packages.glob("accelerate-*.dist-info"):
+        return info.name.removeprefix("accelerate-").removesuffix(".dist-info")
+    return None
+
+
+def accelerate_package(log: object = None) -> Path:
+    """The directory holding the pinned ``accelerate`` package (its parent goes on no path).
+
+    Creates or repairs the cached environment when it lacks the pinned version.
+    """
+    version = pinned_version()
+    venv = venv_path()
+    python = venv / "bin" / "python"
+    if python.exists():
+        site = _site_packages(venv)
+        if _installed_version(site) == version:
+            return site / "accelerate"
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-c",
+            str(CONSTRAINTS),
+            f"accelerate=={version}",
+        ],
+        check=True,
+        timeout=600,
+    )
+    site = _site_packages(venv)
+    if _installed_version(site) != version:
+        raise RuntimeError(f"installing accelerate=={version} into {venv} left {_installed_version(site)!r}.")
+    if callable(log):
+        log(f"accelerate {version} installed into {venv} in {time.perf_counter() - started:.1f} s")
+    return site / "accelerate"
