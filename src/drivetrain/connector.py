@@ -147,6 +147,7 @@ def connect(
     else:
         built = _build_strategy(entry, world_size, parallel_devices, hardware, dict(strategy_options or {}))
     _check_strategy_fits(built, strategy, world_size, len(parallel_devices), environment, hardware)
+    _check_interactive_session(built, strategy, len(parallel_devices), environment)
     built.connect_plugins(
         accelerator=hardware,
         precision=precision_plugin,
@@ -423,5 +424,47 @@ def _check_strategy_fits(
     strategy.check_accelerator(hardware)
 
 
+def _check_interactive_session(
+    strategy: Strategy, requested: str | Strategy, num_devices: int, environment: ClusterEnvironment
+) -> None:
+    """Refuse, when code runs from a prompt, a strategy whose launcher cannot start processes from there.
+
+    Checked here, when the Trainer or the Accelerator is built, so that nothing is started: the
+    re-run launcher would start the notebook's kernel (``sys.argv`` is the kernel's command) or
+    an empty interpreter again instead of the training code.
+    """
+    if environment.creates_processes_externally or not _interactive():
+        return
+    launcher = strategy.launcher
+    if launcher is None or launcher.is_interactive_compatible:
+        return
+    start_method = getattr(strategy, "start_method", None)
+    if start_method == "popen" and num_devices == 1:
+        return  # this process is the node's only one: nothing is re-run
+    name = repr(requested) if isinstance(requested, str) else f"{type(requested).__name__}(...)"
+    if start_method == "popen":
+        how = (
+            "starts its other processes by re-running this program's command line, which from an interactive "
+            "session starts another interpreter (or notebook kernel) instead of your training code"
+        )
+    elif start_method is not None:
+        how = (
+            f"starts its processes with the {start_method!r} method, whose new processes cannot import code "
+            f"typed into an interactive session"
+        )
+    else:
+        how = f"uses {type(launcher).__name__}, which cannot start processes from an interactive session"
+    raise ValueError(
+        f"strategy={name} {how} (a Jupyter notebook, IPython or `python -i`). Use strategy='ddp_notebook' "
+        f"(DDP with processes forked from this session; other strategies take start_method='fork'), or run "
+        f"the code as a script (`python train.py`)."
+    )
+
+
 def _interactive() -> bool:
-    return hasattr(sys, "ps1") or "ipykernel" in sys.modules
+    """Whether the code runs from a prompt: ``python -i``/a REPL (``sys.ps1``), IPython or a Jupyter kernel."""
+    if hasattr(sys, "ps1") or "ipykernel" in sys.modules:
+        return True
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return callable(get_ipython) and get_ipython() is not None

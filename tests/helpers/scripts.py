@@ -34,10 +34,18 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_script(
-    args: list[str], *, timeout: float = 120, env: dict[str, str] | None = None, cwd: str | Path | None = None
+    args: list[str],
+    *,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python <args>``; on timeout the whole process group is killed and the test fails with the output."""
-    return run_command([sys.executable, *args], timeout=timeout, env=env, cwd=cwd)
+    """Run ``python <args>``; on timeout the whole process group is killed and the test fails with the output.
+
+    ``stdin`` is written to the program's standard input (the lines of a ``python -i`` session, say).
+    """
+    return run_command([sys.executable, *args], timeout=timeout, env=env, cwd=cwd, stdin=stdin)
 
 
 def run_command(
@@ -46,9 +54,11 @@ def run_command(
     timeout: float = 120,
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     process = subprocess.Popen(
         command,
+        stdin=subprocess.PIPE if stdin is not None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -57,7 +67,7 @@ def run_command(
         start_new_session=True,
     )
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(input=stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         stdout, stderr = process.communicate()
