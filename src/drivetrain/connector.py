@@ -372,7 +372,7 @@ def _build_strategy(
 ) -> Strategy:
     if entry is None:  # strategy="auto"
         if isinstance(hardware, XLAAccelerator):
-            entry = StrategyRegistry.entry("xla")
+            entry = StrategyRegistry.entry("xla" if len(parallel_devices) > 1 else "single_xla")
         elif world_size == 1:
             return SingleDeviceStrategy(device=parallel_devices[0])  # one process: options have nothing to do
         else:

@@ -219,6 +219,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             ("DeepSpeedStrategy", DistributedType.DEEPSPEED),
             ("FSDPStrategy", DistributedType.FSDP),
             ("XLAStrategy", DistributedType.XLA),
+            ("SingleDeviceXLAStrategy", DistributedType.XLA),  # Accelerate says XLA for one TPU core too
         ):
             if marker in names:
                 return kind

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.strategies.parallel import ParallelStrategy
     from drivetrain.strategies.registry import StrategyRegistry
     from drivetrain.strategies.single_device import SingleDeviceStrategy
+    from drivetrain.strategies.single_xla import SingleDeviceXLAStrategy
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.strategies.xla import XLAStrategy
 
@@ -30,6 +31,7 @@ __getattr__, __dir__ = lazy_exports(
         "FSDPStrategy": "drivetrain.strategies.fsdp",
         "ParallelStrategy": "drivetrain.strategies.parallel",
         "SingleDeviceStrategy": "drivetrain.strategies.single_device",
+        "SingleDeviceXLAStrategy": "drivetrain.strategies.single_xla",
         "Strategy": "drivetrain.strategies.strategy",
         "StrategyRegistry": "drivetrain.strategies.registry",
         "XLAStrategy": "drivetrain.strategies.xla",
@@ -43,6 +45,7 @@ __all__ = [
     "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "Strategy",
     "StrategyRegistry",
     "XLAStrategy",

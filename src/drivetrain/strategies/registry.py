@@ -28,6 +28,7 @@ StrategyRegistry = _StrategyRegistry(
         "drivetrain.strategies.fsdp",
         "drivetrain.strategies.deepspeed",
         "drivetrain.strategies.xla",
+        "drivetrain.strategies.single_xla",
     ),
 )
 """The module-level strategy registry.
