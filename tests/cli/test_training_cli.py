@@ -108,6 +108,14 @@ def test_fit_builds_everything_from_the_command_line(tmp_path: Path) -> None:
     assert again.trainer.global_step == 4 and again.model.hparams.width == 4
 
 
+def test_the_local_rank_argument_a_launcher_adds_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DeepSpeed's launcher runs `python train.py --local_rank=0 fit ...` (and sets LOCAL_RANK).
+    argv = ["train.py", "--local_rank=0", "fit", *QUIET, "--trainer.logger=false", "--trainer.max_steps=1"]
+    monkeypatch.setattr("sys.argv", [*argv, "--trainer.enable_checkpointing=false"])
+    cli = CLI(Model, Data)
+    assert cli.trainer.global_step == 1
+
+
 def test_config_file_and_print_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(

@@ -22,10 +22,12 @@ unknown one is reported with the registry's list. Needs ``jsonargparse`` (``pip 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from drivetrain._utilities.imports import require
+from drivetrain.cli.launcher_arguments import drop_launcher_arguments
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.trainer import Trainer
@@ -87,6 +89,10 @@ class CLI:
         self.seed_everything_default = seed_everything_default
         self.save_config = save_config
         self.parser = self._build_parser(run, parser_kwargs or {})
+        if args is None:
+            # DeepSpeed's launcher and torch.distributed.launch add --local_rank=N, which the
+            # parser does not know (the rank also arrives as LOCAL_RANK, which drivetrain reads).
+            args = drop_launcher_arguments(sys.argv[1:])
         self.config = (
             self.parser.parse_args(args) if not isinstance(args, dict) else self.parser.parse_object(args)
         )
