@@ -6,9 +6,7 @@ of the epoch in progress are read from the training :class:`ResultCollection` wh
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -100,12 +98,3 @@ class MetricsHub:
             if logger.log_dir is not None:
                 return logger.log_dir
         return default_root_dir
-
-    def checkpoint_dir(self, default_root_dir: str) -> str:
-        """Where checkpoints go by default: ``<log_dir>/checkpoints``."""
-        for logger in self.loggers:
-            if logger.save_dir is not None:
-                name, version = logger.name, logger.version
-                version_folder = version if isinstance(version, str) else f"version_{version}"
-                return os.path.join(logger.save_dir, name or "", version_folder, "checkpoints")
-        return str(Path(default_root_dir) / "checkpoints")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from drivetrain.trainer.datamodule import DataModule
     from drivetrain.trainer.logger_connector import MetricsHub
     from drivetrain.trainer.module import TrainingModule
-    from drivetrain.trainer.state import FitProgress
+    from drivetrain.trainer.state import FitProgress, FitProgressView
 
 
 class TrainerProperties:
@@ -31,6 +31,9 @@ class TrainerProperties:
     _strategy: Strategy
     _settings: LoopSettings
     _progress: FitProgress
+    _fit_progress: FitProgressView
+    _ckpt_path: str | None
+    _ckpt_path_set: str | None
     _metrics: MetricsHub
     _callbacks: list[Callback]
     _data: DataConnector
@@ -83,6 +86,29 @@ class TrainerProperties:
         return self._strategy.is_global_zero
 
     @property
+    def device_ids(self) -> list[int]:
+        """The indices of the devices this node's processes use (``[0, 1]`` for two CPU processes)."""
+        from drivetrain.strategies.parallel import ParallelStrategy
+
+        strategy = self._strategy
+        devices = (
+            strategy.parallel_devices if isinstance(strategy, ParallelStrategy) else [strategy.root_device]
+        )
+        return [
+            device.index if device.index is not None else position for position, device in enumerate(devices)
+        ]
+
+    @property
+    def num_devices(self) -> int:
+        """How many devices this node's processes use."""
+        return len(self.device_ids)
+
+    @property
+    def scaler(self) -> Any:
+        """The precision's ``torch.amp.GradScaler`` (``"16-mixed"``), else ``None``."""
+        return getattr(self._strategy.precision, "scaler", None)
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken so far in this fit."""
         return self._progress.global_step
@@ -108,8 +134,39 @@ class TrainerProperties:
         return self._settings.fast_dev_run
 
     @property
+    def fit_progress(self) -> FitProgressView:
+        """Where the current (or last) fit stands: epoch, step, batches done, epoch end, validations run."""
+        return self._fit_progress
+
+    @property
+    def is_last_batch(self) -> bool:
+        """Whether the training batch being processed is the last of its epoch."""
+        return self._progress.is_last_batch
+
+    @property
     def num_training_batches(self) -> float:
+        """Training batches per epoch in this process, after ``limit_train_batches`` (``inf`` when unsized)."""
         return self._data.num_training_batches
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per loader in this process, after ``limit_val_batches``."""
+        return _counts(self._data.eval_loaders(RunningStage.VALIDATING)[1])
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """Batches per validation loader that the sanity check runs (``num_sanity_val_steps`` at most)."""
+        return _counts(self._data.eval_loaders(RunningStage.SANITY_CHECKING)[1])
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        """Test batches per loader in this process, after ``limit_test_batches``."""
+        return _counts(self._data.eval_loaders(RunningStage.TESTING)[1])
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        """Prediction batches per loader in this process, after ``limit_predict_batches``."""
+        return _counts(self._data.eval_loaders(RunningStage.PREDICTING)[1])
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
@@ -142,10 +199,15 @@ class TrainerProperties:
         return callbacks[0] if callbacks else None
 
     @property
-    def early_stopping_callback(self) -> Any:
+    def early_stopping_callbacks(self) -> list[Any]:
         from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
 
-        return next((cb for cb in self._callbacks if isinstance(cb, EarlyStopping)), None)
+        return [cb for cb in self._callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        callbacks = self.early_stopping_callbacks
+        return callbacks[0] if callbacks else None
 
     @property
     def progress_bar_callback(self) -> Any:
@@ -200,8 +262,38 @@ class TrainerProperties:
 
     @property
     def val_dataloaders(self) -> Any:
-        loaders = self._data.eval_loaders(RunningStage.VALIDATING)[0]
+        return self._eval_dataloaders(RunningStage.VALIDATING)
+
+    @property
+    def test_dataloaders(self) -> Any:
+        return self._eval_dataloaders(RunningStage.TESTING)
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        return self._eval_dataloaders(RunningStage.PREDICTING)
+
+    def _eval_dataloaders(self, stage: RunningStage) -> Any:
+        loaders = self._data.eval_loaders(stage)[0]
+        if not loaders:
+            return None
         return loaders[0] if len(loaders) == 1 else loaders
+
+    @property
+    def ckpt_path(self) -> str | None:
+        """The checkpoint the current (or last) entry point loaded, if any.
+
+        Set it to make the next entry point called without ``ckpt_path=`` load this one (as
+        ``trainer.test(ckpt_path=...)`` would); ``None`` clears it.
+        """
+        return self._ckpt_path
+
+    @ckpt_path.setter
+    def ckpt_path(self, path: Any) -> None:
+        import os
+
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"trainer.ckpt_path = {path!r}: use a path, 'last', 'best' or None.")
+        self._ckpt_path_set = os.fspath(path) if path is not None else None
 
     @property
     def training(self) -> bool:
@@ -235,3 +327,7 @@ class TrainerProperties:
         per_epoch = math.ceil(per_epoch) if not math.isinf(per_epoch) else per_epoch
         total = per_epoch * settings.max_epochs if settings.max_epochs != -1 else math.inf
         return min(total, settings.max_steps) if settings.max_steps != -1 else total
+
+
+def _counts(lengths: list[float]) -> list[int | float]:
+    return [length if math.isinf(length) else int(length) for length in lengths]

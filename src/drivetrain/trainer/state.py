@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
@@ -69,7 +69,10 @@ class FitProgress:
     ``batches_done`` counts the batches of ``epoch`` already trained on; ``epoch_rng`` holds the
     random generators as they were when the epoch's data iterator was created, so a resumed run
     recreates the same shuffled order; ``validation_pending`` says a validation was due after the
-    last finished batch and has not run yet.
+    last finished batch and has not run yet; ``validations_run`` counts the validations of this fit.
+
+    ``is_last_batch`` and ``epoch_ending`` describe the moment, not the position, and are not saved.
+    The Trainer owns this object; others read it through :class:`FitProgressView`.
     """
 
     epoch: int = 0
@@ -79,11 +82,82 @@ class FitProgress:
     epoch_rng: dict[str, Any] | None = None
     validation_pending: bool = False
     epoch_finished: bool = False
+    validations_run: int = 0
+    is_last_batch: bool = False
+    epoch_ending: bool = False
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _MOMENTARY}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
-            if hasattr(self, name):
+            if hasattr(self, name) and name not in _MOMENTARY:
                 setattr(self, name, value)
+
+
+_MOMENTARY = ("is_last_batch", "epoch_ending")
+
+
+class FitProgressView:
+    """``trainer.fit_progress``: where the current (or last) fit stands, read-only.
+
+    What the built-in callbacks read to decide when to act; a callback of your own reads the same.
+    Every value refers to this process (the processes of a run agree on all of them).
+    """
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = owner  # the Trainer: each fit starts a new FitProgress
+
+    @property
+    def _progress(self) -> FitProgress:
+        progress: FitProgress = self._owner._progress
+        return progress
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being trained (0-based; ``trainer.current_epoch``)."""
+        return self._progress.epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (``trainer.global_step``)."""
+        return self._progress.global_step
+
+    @property
+    def batches_done(self) -> int:
+        """Training batches of the current epoch finished so far (inside ``on_train_batch_end``: including this one)."""
+        return self._progress.batches_done
+
+    @property
+    def total_batches_done(self) -> int:
+        """Training batches finished in this fit, over all epochs (counted once per process)."""
+        return self._progress.total_batches
+
+    @property
+    def is_last_batch(self) -> bool:
+        """Whether the batch being trained on is the epoch's last one (``trainer.is_last_batch``)."""
+        return self._progress.is_last_batch
+
+    @property
+    def epoch_ending(self) -> bool:
+        """Whether the epoch's batches are done: what runs now (its closing validation,
+        ``on_train_epoch_end``) ends the epoch. ``False`` during a validation in the middle of an epoch."""
+        return self._progress.epoch_ending or self._progress.epoch_finished
+
+    @property
+    def validations_run(self) -> int:
+        """Validation runs of this fit so far, not counting the sanity check (the one running included)."""
+        return self._progress.validations_run
+
+    def __repr__(self) -> str:
+        names = (
+            "epoch",
+            "global_step",
+            "batches_done",
+            "total_batches_done",
+            "is_last_batch",
+            "epoch_ending",
+        )
+        return f"FitProgressView({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"

@@ -9,9 +9,10 @@ modules of this package.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,14 @@ from torch import nn
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.properties import TrainerProperties
-from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn, TrainerState, TrainerStatus
+from drivetrain.trainer.state import (
+    FitProgress,
+    FitProgressView,
+    RunningStage,
+    TrainerFn,
+    TrainerState,
+    TrainerStatus,
+)
 
 # The core, the loops, hooks, callbacks and loggers are imported where a Trainer is built or run,
 # so that ``from drivetrain import Trainer`` costs little more than ``import torch``.
@@ -175,6 +183,7 @@ class Trainer(TrainerProperties):
         self.state = TrainerState()
         self.should_stop = False
         self._progress = FitProgress()
+        self._fit_progress = FitProgressView(self)
         self._data = DataConnector(self)
         # The module and what the strategy made of it, for the entry point running (set by _begin/_run_stage).
         self._module: TrainingModule = None  # type: ignore[assignment]
@@ -188,8 +197,8 @@ class Trainer(TrainerProperties):
         self._batch_to_device: Any = None
         self._ckpt_path: str | None = None
         self._ckpt_request: str | None = None
+        self._ckpt_path_set: str | None = None  # trainer.ckpt_path = ...: used when an entry point names none
         self._ckpt_weights_only = True
-        self._validations_run = 0
         self._restored = False
         self._pending_process: dict[str, Any] | None = None  # this rank's record of a resumed checkpoint
         self._strategy_ready = False
@@ -321,6 +330,10 @@ class Trainer(TrainerProperties):
             )
         self._module = model
         self._data.attach(datamodule, **loaders)
+        if ckpt_path is None:
+            ckpt_path = self._ckpt_path_set
+        else:
+            self._ckpt_path_set = None  # an explicit argument replaces what was set
         if ckpt_path is not None and ckpt_path not in ("last", "best"):
             from drivetrain.trainer import checkpointing
 
@@ -341,7 +354,6 @@ class Trainer(TrainerProperties):
         if fn == TrainerFn.FITTING:
             self.should_stop = False
             self._progress = FitProgress()
-            self._validations_run = 0
 
     # -- running in every process ---------------------------------------------------------------
     def _launch(self) -> Any:
@@ -475,7 +487,7 @@ class Trainer(TrainerProperties):
     def _run_validation(self) -> None:
         """Validation inside fit (the fit loop calls this when it is due)."""
         self._progress.validation_pending = False
-        self._validations_run += 1
+        self._progress.validations_run += 1
         self._run_evaluation(RunningStage.VALIDATING)
         self._module._results = self._train_results
         self.state.stage = RunningStage.TRAINING
@@ -502,6 +514,43 @@ class Trainer(TrainerProperties):
         from drivetrain.trainer import checkpointing
 
         checkpointing.save_checkpoint(self, filepath, weights_only)
+
+    # -- helpers for callbacks and modules ----------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Send ``metrics`` to every logger now, as the Trainer sends logged values.
+
+        Global rank 0 writes (other processes do nothing); each row gets the current ``epoch``, and the
+        values show in :attr:`logged_metrics`. Built-in callbacks (``LearningRateMonitor``,
+        ``ThroughputMonitor``) log this way; values logged with ``self.log`` in the module are reduced
+        and sent by the Trainer instead.
+
+        Args:
+            metrics: names and numbers (or one-element tensors).
+            step: the x-axis value (default: :attr:`global_step`).
+        """
+        self._metrics.log(metrics, step=self.global_step if step is None else step)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` (same arguments) on global rank 0 only, above any progress bar."""
+        if self.is_global_zero:
+            from drivetrain._utilities import console
+
+            console.print_line(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build the model inside this context to create it on the strategy's device, in its precision.
+
+        Args:
+            empty_init: skip initialising weights that a checkpoint or a sharded strategy will set
+                anyway (with FSDP: build on the meta device).
+
+        Example:
+            >>> with trainer.init_module():  # doctest: +SKIP
+            ...     model = MyModule()
+        """
+        with self.strategy.module_init_context(empty_init):
+            yield
 
     def __repr__(self) -> str:
         return f"Trainer(strategy={self._strategy!r}, fn={self.state.fn.value if self.state.fn else None})"

@@ -88,10 +88,7 @@ class EarlyStopping(Callback):
             return
         if self.check_on_train_epoch_end:
             return
-        mid_epoch = (
-            not trainer._progress.epoch_finished
-            and trainer._progress.batches_done < trainer.num_training_batches
-        )
+        mid_epoch = not trainer.fit_progress.epoch_ending
         if mid_epoch or self.check_on_train_epoch_end is False:
             self._check(trainer)
         else:
@@ -100,7 +97,7 @@ class EarlyStopping(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if self.check_on_train_epoch_end is False:
             return
-        if self.check_on_train_epoch_end or not trainer._data.validation_enabled or self._validated:
+        if self.check_on_train_epoch_end or not sum(trainer.num_val_batches) or self._validated:
             self._validated = False
             self._check(trainer)
 

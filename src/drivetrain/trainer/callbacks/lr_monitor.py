@@ -56,7 +56,10 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: TrainingModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._interval == "step" and trainer._progress.total_batches % trainer.log_every_n_steps == 0:
+        if (
+            self._interval == "step"
+            and trainer.fit_progress.total_batches_done % trainer.log_every_n_steps == 0
+        ):
             self._log(trainer)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
@@ -81,4 +84,4 @@ class LearningRateMonitor(Callback):
 
     def _log(self, trainer: Trainer) -> None:
         if trainer.is_global_zero:
-            trainer._metrics.log(self.current_values(trainer), step=trainer.global_step)
+            trainer.log_metrics(self.current_values(trainer))

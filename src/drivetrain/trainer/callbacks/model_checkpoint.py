@@ -124,7 +124,7 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if stage != "fit":
             return
-        dirpath = self.dirpath or trainer._metrics.checkpoint_dir(trainer.default_root_dir)
+        dirpath = self.dirpath or _default_dirpath(trainer)
         # Loggers pick their version folder on rank 0 only; every rank must write to the same place.
         self.dirpath = trainer.strategy.broadcast(dirpath) if trainer.world_size > 1 else dirpath
 
@@ -137,8 +137,7 @@ class ModelCheckpoint(Callback):
 
     def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         # Validation in the middle of an epoch; the one at its end is followed by on_train_epoch_end.
-        progress = trainer._progress
-        mid_epoch = progress.batches_done < trainer.num_training_batches and not progress.epoch_finished
+        mid_epoch = not trainer.fit_progress.epoch_ending
         if mid_epoch and self._epoch_due(trainer) and not self._skip(trainer):
             self._save(trainer)
 
@@ -186,7 +185,7 @@ class ModelCheckpoint(Callback):
                 f"ModelCheckpoint(monitor={self.monitor!r}) found no logged metric {self.monitor!r} (logged: "
                 f"{available}). Log it with self.log({self.monitor!r}, value), or fix the name."
             )
-            if trainer._data.validation_enabled and trainer._validations_run == 0:
+            if sum(trainer.num_val_batches) and trainer.fit_progress.validations_run == 0:
                 warnings.warn(
                     message + " Skipping top-k until validation has run.", UserWarning, stacklevel=3
                 )
@@ -377,6 +376,16 @@ class ModelCheckpoint(Callback):
             self._recent = list(state_dict.get("recent", []))
             self._pending_removals = list(state_dict.get("pending_removals", []))
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+def _default_dirpath(trainer: Trainer) -> str:
+    """``<save_dir>/<name>/<version>/checkpoints`` of the first logger with a folder, else ``<default_root_dir>/checkpoints``."""
+    for logger in trainer.loggers:
+        if logger.save_dir is not None:
+            version = logger.version
+            version_folder = version if isinstance(version, str) else f"version_{version}"
+            return os.path.join(logger.save_dir, logger.name or "", version_folder, "checkpoints")
+    return os.path.join(trainer.default_root_dir, "checkpoints")
 
 
 def _modified(path: Path) -> float:

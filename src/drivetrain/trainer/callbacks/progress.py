@@ -138,12 +138,9 @@ class TQDMProgressBar(ProgressBar):
             self._train = None
 
     # -- evaluation ------------------------------------------------------------------------------
-    def _open_eval(self, trainer: Trainer, description: str, stage: str) -> None:
+    def _open_eval(self, trainer: Trainer, description: str, lengths: list[int | float]) -> None:
         if not self._enabled:
             return
-        from drivetrain.trainer.state import RunningStage
-
-        lengths = trainer._data.eval_loaders(RunningStage(stage))[1]
         total = sum(lengths) if lengths else 0
         position = 1 if self._train is not None else 0
         self._eval = _Bar(description, total, False, position, self.refresh_interval)
@@ -158,8 +155,10 @@ class TQDMProgressBar(ProgressBar):
             self._eval = None
 
     def on_validation_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        stage = "sanity_check" if trainer.sanity_checking else "validate"
-        self._open_eval(trainer, "Sanity checking" if trainer.sanity_checking else "Validation", stage)
+        if trainer.sanity_checking:
+            self._open_eval(trainer, "Sanity checking", trainer.num_sanity_val_batches)
+        else:
+            self._open_eval(trainer, "Validation", trainer.num_val_batches)
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()
@@ -170,7 +169,7 @@ class TQDMProgressBar(ProgressBar):
             self._train.draw(self._metrics(trainer, pl_module))
 
     def on_test_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        self._open_eval(trainer, "Testing", "test")
+        self._open_eval(trainer, "Testing", trainer.num_test_batches)
 
     def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()
@@ -179,7 +178,7 @@ class TQDMProgressBar(ProgressBar):
         self._close_eval()
 
     def on_predict_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        self._open_eval(trainer, "Predicting", "predict")
+        self._open_eval(trainer, "Predicting", trainer.num_predict_batches)
 
     def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()

@@ -61,7 +61,7 @@ class ThroughputMonitor(Callback):
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._samples.append(self.batch_size_fn(batch))
-        if trainer._progress.total_batches % trainer.log_every_n_steps:
+        if trainer.fit_progress.total_batches_done % trainer.log_every_n_steps:
             self._times.append(time.perf_counter())
             return
         strategy = trainer.strategy
@@ -70,7 +70,7 @@ class ThroughputMonitor(Callback):
         metrics = self.compute(trainer.world_size, getattr(pl_module, "flops_per_batch", None))
         self.last = metrics
         if metrics and trainer.is_global_zero:
-            trainer._metrics.log(metrics, step=trainer.global_step)
+            trainer.log_metrics(metrics)
 
     def compute(self, world_size: int, flops_per_batch: float | None) -> dict[str, float]:
         """The rates over the current window."""

@@ -126,6 +126,8 @@ class FitLoop:
             results.batch_level = True
             self._run_batches(self._epoch_iterator(resuming))
             results.batch_level = False
+            progress.is_last_batch = False
+            progress.epoch_ending = True
             if not resuming and progress.batches_done == 0 and _yields_nothing(trainer._data.train_loader):
                 # An unsized loader that yields nothing: every epoch would be empty, forever.
                 raise ValueError(
@@ -150,6 +152,7 @@ class FitLoop:
         progress.epoch += 1
         progress.batches_done = 0
         progress.epoch_finished = False
+        progress.epoch_ending = False
         progress.epoch_rng = None
 
     def _epoch_iterator(self, resuming: bool) -> Iterator[Any]:
@@ -170,12 +173,15 @@ class FitLoop:
             set_sampler_epoch(loader, progress.epoch)
             progress.epoch_rng = capture_rng_states(trainer.strategy)
             iterator = iter(loader)
-        if math.isinf(self.num_batches) and self.settings.accumulate_grad_batches > 1:
+        if math.isinf(self.num_batches):
             return self._flag_last(iterator)
         return iterator
 
     def _flag_last(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        """Look one batch ahead so the last batch of an unsized loader closes its accumulation window."""
+        """Look one batch ahead so an unsized loader's last batch is known as such while it is trained on.
+
+        It closes its accumulation window and is ``trainer.is_last_batch`` (sized loaders need no look-ahead).
+        """
         self._last_flag = False
         try:
             current = next(iterator)
@@ -212,10 +218,11 @@ class FitLoop:
                 batch = to_device(batch)
             results.mark += 1
             results.batch = batch
+            # The data's last batch closes an accumulation window early (the step policy's rule).
+            last = progress.is_last_batch = batch_idx + 1 == limit or self._last_flag
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
                 break
-            # The data's last batch closes an accumulation window early (the step policy's rule).
-            outputs = step(batch, batch_idx, batch_idx + 1 == limit or self._last_flag)
+            outputs = step(batch, batch_idx, last)
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1
