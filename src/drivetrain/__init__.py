@@ -18,6 +18,13 @@ _LAZY = {
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
     "DataModule": "drivetrain.trainer",
+    # Accelerate's big-model helpers, at the top level as in ``accelerate``.
+    "init_empty_weights": "drivetrain.big_modeling",
+    "init_on_device": "drivetrain.big_modeling",
+    "cpu_offload": "drivetrain.big_modeling",
+    "disk_offload": "drivetrain.big_modeling",
+    "dispatch_model": "drivetrain.big_modeling",
+    "load_checkpoint_and_dispatch": "drivetrain.big_modeling",
 }
 
 __all__ = [
@@ -27,11 +34,25 @@ __all__ = [
     "TrainingModule",
     "__version__",
     "connect",
+    "cpu_offload",
+    "disk_offload",
+    "dispatch_model",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
     "seed_everything",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names above
     from drivetrain._utilities.seed import seed_everything
+    from drivetrain.big_modeling import (
+        cpu_offload,
+        disk_offload,
+        dispatch_model,
+        init_empty_weights,
+        init_on_device,
+        load_checkpoint_and_dispatch,
+    )
     from drivetrain.connector import connect
     from drivetrain.facade import Accelerator
     from drivetrain.trainer import DataModule, Trainer, TrainingModule

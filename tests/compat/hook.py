@@ -30,6 +30,7 @@ from typing import Any
 #: accelerate module -> drivetrain modules whose public names it offers (first hit wins).
 MODULES: dict[str, tuple[str, ...]] = {
     "accelerate": ("drivetrain", "drivetrain.utils"),
+    "accelerate.big_modeling": ("drivetrain.big_modeling",),
     "accelerate.accelerator": ("drivetrain", "drivetrain.utils"),
     "accelerate.state": ("drivetrain", "drivetrain.utils", "drivetrain.facade"),
     "accelerate.data_loader": ("drivetrain.utils",),

@@ -1,6 +1,7 @@
 """Accelerate-compatible helpers: ``from drivetrain.utils import set_seed`` works like ``accelerate.utils``.
 
-Seeding (and ``SeedableRandomSampler``), the kwargs handlers, the configuration dataclasses and
+Seeding (and ``SeedableRandomSampler``), the big-model helpers ``accelerate.utils`` has
+(``infer_auto_device_map``, ``load_checkpoint_in_model`` …), the kwargs handlers, the configuration dataclasses and
 enums, and free collective functions (which use the live ``drivetrain.Accelerator`` of the
 process). Each name is imported on first use: ``from drivetrain.utils import set_seed`` loads only
 what it needs.
@@ -13,6 +14,12 @@ from typing import TYPE_CHECKING
 from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.big_modeling import (
+        compute_module_sizes,
+        infer_auto_device_map,
+        load_checkpoint_in_model,
+        set_module_tensor_to_device,
+    )
     from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.strategies.collective_monitor import (
         CollectiveMismatchError as DistributedOperationException,
@@ -50,6 +57,10 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "SeedableRandomSampler": "drivetrain.data.seeding",
+        "compute_module_sizes": "drivetrain.big_modeling",
+        "infer_auto_device_map": "drivetrain.big_modeling",
+        "load_checkpoint_in_model": "drivetrain.big_modeling",
+        "set_module_tensor_to_device": "drivetrain.big_modeling",
         "DistributedOperationException": "drivetrain.strategies.collective_monitor:CollectiveMismatchError",
         "DataLoaderConfiguration": "drivetrain.utils.configuration",
         "DistributedType": "drivetrain.utils.configuration",
@@ -94,11 +105,15 @@ __all__ = [
     "SeedableRandomSampler",
     "broadcast",
     "broadcast_object_list",
+    "compute_module_sizes",
     "gather",
     "gather_object",
+    "infer_auto_device_map",
+    "load_checkpoint_in_model",
     "pad_across_processes",
     "reduce",
     "send_to_device",
+    "set_module_tensor_to_device",
     "set_seed",
     "wait_for_everyone",
 ]

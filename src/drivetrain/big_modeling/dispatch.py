@@ -1,0 +1,342 @@
+"""Run a model whose weights are spread over devices, CPU RAM and disk: loading and forward hooks.
+
+:func:`load_checkpoint_in_model` puts each checkpoint tensor where the device map says (writing
+``"disk"`` entries to the offload folder). :func:`dispatch_model` then adds forward hooks:
+every mapped module gets its inputs moved to its execution device; an offloaded module (on disk,
+or in CPU RAM while it computes on another device) is empty (``meta``) between calls, and its
+pre-hook brings its weights to the execution device for the call only. ``remove_hooks`` undoes
+it. :func:`load_checkpoint_and_dispatch` does both, inferring the map with ``device_map="auto"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from drivetrain.big_modeling.device_map import (
+    DeviceMap,
+    Place,
+    as_device,
+    check_device_map,
+    infer_auto_device_map,
+    place_of,
+)
+from drivetrain.big_modeling.files import OffloadFolder, iter_checkpoint
+
+_HANDLES = "_drivetrain_dispatch_handles"
+_META = torch.device("meta")
+
+
+def set_module_tensor_to_device(
+    module: nn.Module,
+    name: str,
+    device: torch.device | str,
+    value: Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Put the parameter or buffer ``name`` of ``module`` on ``device`` (with ``value``'s data, if given).
+
+    Raises:
+        ValueError: ``name`` is no tensor of the module, or ``value`` has another shape.
+    """
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if leaf in owner._parameters:
+        old: Tensor | None = owner._parameters[leaf]
+    elif leaf in owner._buffers:
+        old = owner._buffers[leaf]
+    else:
+        raise ValueError(f"{type(module).__name__} has no parameter or buffer {name!r}.")
+    if old is None:
+        raise ValueError(f"{name!r} is None in the model; nothing to place.")
+    data = old if value is None else value
+    if value is not None and tuple(value.shape) != tuple(old.shape):
+        raise ValueError(
+            f"{name!r} has shape {tuple(old.shape)} in the model but {tuple(value.shape)} in the checkpoint."
+        )
+    if data.device == _META and torch.device(device) != _META:
+        raise ValueError(f"{name!r} has no data (it is on the meta device); load it from a checkpoint first.")
+    target_dtype = data.dtype
+    if data.is_floating_point():
+        # A checkpoint's floating-point tensor takes the model's dtype unless dtype= says otherwise.
+        target_dtype = dtype if dtype is not None else old.dtype if old.is_floating_point() else data.dtype
+    moved = data.to(device=device, dtype=target_dtype)
+    if leaf in owner._parameters:
+        assert isinstance(old, nn.Parameter)
+        owner._parameters[leaf] = nn.Parameter(moved, requires_grad=old.requires_grad)
+    else:
+        owner._buffers[leaf] = moved
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: DeviceMap | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    strict: bool = False,
+) -> None:
+    """Load ``checkpoint`` (a file, a folder, or a sharded checkpoint's index) into ``model``, shard by shard.
+
+    Each tensor goes where ``device_map`` places it (everything on the CPU without one); tensors
+    placed on ``"disk"`` are written to ``offload_folder`` and stay on ``meta`` in the model.
+    Floating-point tensors are converted to ``dtype`` if given, else to the model's dtype.
+
+    Raises:
+        ValueError: ``"disk"`` without an offload folder, a shape mismatch, or (``strict``) missing or
+            unexpected tensors.
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."))
+    if device_map is not None:
+        check_device_map(model, device_map)
+    if device_map is not None and "disk" in device_map.values() and offload_folder is None:
+        raise ValueError(
+            "the device map sends modules to 'disk', which needs offload_folder= (a folder to write them to)."
+        )
+    offload = OffloadFolder(offload_folder) if offload_folder is not None else None
+    expected = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for name, tensor in iter_checkpoint(checkpoint):
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        place = place_of(device_map, name) if device_map is not None else "cpu"
+        if place == "disk":
+            assert offload is not None
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            offload.save(name, tensor)
+            set_module_tensor_to_device(model, name, _META)
+        else:
+            set_module_tensor_to_device(model, name, as_device(place), tensor, dtype)  # type: ignore[arg-type]
+        loaded.add(name)
+    if offload is not None:
+        offload.flush()
+    missing = sorted(expected - loaded)
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"the checkpoint does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]} "
+            f"(strict=False loads what matches)."
+        )
+
+
+class _Offloaded:
+    """Where an offloaded module's tensors come from while it runs: a CPU copy or the offload folder."""
+
+    def __init__(self, names: list[str], read: Callable[[str], Tensor]) -> None:
+        self.names = names
+        self.read = read
+
+
+def _move(data: Any, device: torch.device) -> Any:
+    if isinstance(data, Tensor):
+        return data.to(device)
+    if isinstance(data, Mapping):
+        return type(data)({key: _move(value, device) for key, value in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_move(value, device) for value in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_move(value, device) for value in data)
+    return data
+
+
+def _attach(module: nn.Module, execution: torch.device, offloaded: _Offloaded | None) -> None:
+    handles: list[RemovableHandle] = getattr(module, _HANDLES, [])
+
+    def before(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if offloaded is not None:
+            for name in offloaded.names:
+                set_module_tensor_to_device(module, name, execution, offloaded.read(name))
+        return _move(args, execution), _move(kwargs, execution)
+
+    handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+    if offloaded is not None:
+
+        def after(_: nn.Module, args: Any, output: Any) -> Any:
+            for name in offloaded.names:
+                set_module_tensor_to_device(module, name, _META)
+            return output
+
+        handles.append(module.register_forward_hook(after))
+    setattr(module, _HANDLES, handles)
+
+
+def remove_hooks(model: nn.Module) -> None:
+    """Remove every hook :func:`dispatch_model` (or :func:`cpu_offload`) added under ``model``."""
+    for module in model.modules():
+        for handle in getattr(module, _HANDLES, []):
+            handle.remove()
+        if hasattr(module, _HANDLES):
+            delattr(module, _HANDLES)
+
+
+def _owned_tensors(
+    module: nn.Module, prefix: str, device_map: DeviceMap, entry: str
+) -> list[tuple[str, str]]:
+    """(name in the module, name in the model) of the tensors under ``module`` that ``entry`` places.
+
+    Tensors of submodules with an entry of their own belong to that entry.
+    """
+    join = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
+    owned = []
+    for local, _ in [*module.named_parameters(), *module.named_buffers()]:
+        full = join(local)
+        parts = full.split(".")
+        owner = next(
+            ".".join(parts[:depth])
+            for depth in range(len(parts), -1, -1)
+            if ".".join(parts[:depth]) in device_map
+        )
+        if owner == entry:
+            owned.append((local, full))
+    return owned
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: DeviceMap,
+    main_device: torch.device | str | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    state_dict: Mapping[str, Tensor] | None = None,
+) -> nn.Module:
+    """Make ``model`` run with its weights where ``device_map`` put them; returns the model.
+
+    Modules on a device run there; ``"disk"`` modules (written by :func:`load_checkpoint_in_model`
+    to ``offload_dir``) and, when the main device is not the CPU, ``"cpu"`` modules run on the main
+    device with their weights brought in for each call. ``model.hf_device_map`` records the map.
+
+    Args:
+        main_device: where offloaded modules compute; default the first device of the map that is
+            neither ``"cpu"`` nor ``"disk"``, else the CPU.
+        state_dict: the weights of ``"cpu"``-offloaded modules (default: the model's own).
+
+    Raises:
+        ValueError: an invalid map, or ``"disk"`` without ``offload_dir``.
+    """
+    check_device_map(model, device_map)
+    places = [as_device(place) for place in device_map.values()]
+    if main_device is None:
+        devices = [p for p in places if isinstance(p, torch.device) and p.type != "cpu"]
+        main_device = devices[0] if devices else torch.device("cpu")
+    main = torch.device(main_device)
+    if "disk" in places and offload_dir is None:
+        raise ValueError(
+            "the device map sends modules to 'disk', which needs offload_dir= (where they were offloaded)."
+        )
+    disk = OffloadFolder(offload_dir) if offload_dir is not None else None
+    remove_hooks(model)
+    tensors_of_model = {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
+    for entry, place in device_map.items():
+        # An entry naming a tensor is run by the module holding it.
+        name = entry.rpartition(".")[0] if entry in tensors_of_model else entry
+        module = model.get_submodule(name) if name else model
+        device = as_device(place)
+        offloaded = None
+        if device == "disk":
+            assert disk is not None
+            tensors = _owned_tensors(module, name, device_map, entry)
+            absent = [full for _, full in tensors if full not in disk]
+            if absent:
+                raise ValueError(
+                    f"{absent[:3]} are not in the offload folder {offload_dir}; load the checkpoint with it first."
+                )
+            offloaded = _Offloaded([local for local, _ in tensors], _reader(disk.load, name))
+            execution = main
+        elif isinstance(device, torch.device) and device.type == "cpu" and main.type != "cpu":
+            # CPU offload: the weights stay in RAM, the module computes on the main device.
+            tensors = _owned_tensors(module, name, device_map, entry)
+            own = dict([*module.named_parameters(), *module.named_buffers()])
+            kept = {
+                local: (state_dict[full] if state_dict is not None else own[local]).detach().to("cpu")
+                for local, full in tensors
+            }
+            offloaded = _Offloaded(list(kept), kept.__getitem__)
+            for local in kept:
+                set_module_tensor_to_device(module, local, _META)
+            execution = main
+        else:
+            assert isinstance(device, torch.device)
+            for local, _ in _owned_tensors(module, name, device_map, entry):
+                set_module_tensor_to_device(module, local, device)
+            execution = device
+        _attach(module, execution, offloaded)
+    if "" not in device_map:
+        _attach(model, main, None)  # inputs given to the whole model start on the main device
+    model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+    return model
+
+
+def _reader(read: Callable[..., Tensor], prefix: str) -> Callable[[str], Tensor]:
+    join = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
+    return lambda local: read(join(local))
+
+
+def cpu_offload(model: nn.Module, execution_device: torch.device | str | None = None) -> nn.Module:
+    """Keep ``model``'s weights in CPU RAM and bring them to ``execution_device`` for each forward.
+
+    Between calls the model holds no weights (``meta``); the default execution device is the CPU.
+    """
+    device = torch.device(execution_device) if execution_device is not None else torch.device("cpu")
+    kept = {
+        name: tensor.detach().to("cpu")
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+    }
+    names = list(kept)
+    remove_hooks(model)
+    for name in names:
+        set_module_tensor_to_device(model, name, _META)
+    _attach(model, device, _Offloaded(names, lambda name: kept[name]))
+    return model
+
+
+def disk_offload(
+    model: nn.Module, offload_dir: str | os.PathLike[str], execution_device: torch.device | str | None = None
+) -> nn.Module:
+    """Write ``model``'s weights to ``offload_dir`` and read them in to ``execution_device`` for each forward."""
+    folder = OffloadFolder(offload_dir)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        folder.save(name, tensor)
+        set_module_tensor_to_device(model, name, _META)
+    folder.flush()
+    device = torch.device(execution_device) if execution_device is not None else torch.device("cpu")
+    remove_hooks(model)
+    _attach(model, device, _Offloaded(list(folder.index), folder.load))
+    return model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: DeviceMap | str | None = None,
+    max_memory: Mapping[Place, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    strict: bool = False,
+) -> nn.Module:
+    """Load ``checkpoint`` into ``model`` (built with ``init_empty_weights``) and dispatch it.
+
+    ``device_map="auto"`` (or ``"sequential"``) fills ``max_memory``'s places in order (see
+    :func:`~drivetrain.big_modeling.infer_auto_device_map`); ``None`` loads everything on the CPU.
+
+    Raises:
+        ValueError: an unsupported ``device_map`` string, or what loading and dispatching raise.
+    """
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "sequential"):
+            raise ValueError(
+                f"device_map={device_map!r} is not supported; use 'auto' (= 'sequential': fill the devices of "
+                f"max_memory in order), a dict of module -> place, or None."
+            )
+        device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)
+    load_checkpoint_in_model(model, checkpoint, device_map, offload_folder, dtype, strict)
+    if device_map is None:
+        return model
+    return dispatch_model(model, device_map, offload_dir=offload_folder)
