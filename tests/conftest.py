@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 # builds record the venv's paths, and a build killed half-way in a shared cache leaves a lock
 # that makes every later DeepSpeed process wait forever.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+
+# `drivetrain launch` reads the settings `drivetrain config` wrote under XDG_CONFIG_HOME: the
+# developer's own file must not change what the tests launch (this folder stays empty).
+_CONFIG_HOME = tempfile.TemporaryDirectory(prefix="drivetrain-tests-config-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME.name
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "PYTEST_XDIST_WORKER" not in os.environ:
     # A test built a multi-device Trainer/Accelerator inside the pytest process, so the script
@@ -36,6 +42,8 @@ _LAUNCHER_VARIABLES = (
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
     "DRIVETRAIN_ACCELERATOR",
+    "DRIVETRAIN_PRECISION",
+    "DRIVETRAIN_GRADIENT_ACCUMULATION_STEPS",
     "SLURM_NTASKS",
     "SLURM_JOB_NAME",
     "OMPI_COMM_WORLD_SIZE",

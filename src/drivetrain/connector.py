@@ -10,6 +10,7 @@ in later.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -33,7 +34,12 @@ from drivetrain.strategies import (
     Strategy,
     StrategyRegistry,
 )
-from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE, launched_accelerator
+from drivetrain.strategies.launchers.overrides import (
+    ACCELERATOR_VARIABLE,
+    PRECISION_VARIABLE,
+    launched_accelerator,
+    launched_precision,
+)
 
 _COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
 
@@ -103,6 +109,7 @@ def connect(
             given.add(name, value, f"the {type(strategy).__name__} instance")
         strategy_devices = _given_devices(strategy)
 
+    _add_launched_precision(given)
     accelerator_choice = _choose_accelerator(accelerator, given, strategy_devices)
     hardware = resolve_accelerator(accelerator_choice)
     environment = given.get("cluster_environment") or detect_cluster_environment()
@@ -274,6 +281,28 @@ def _given_devices(strategy: Strategy) -> list[torch.device] | None:
             f"got {given!r}."
         )
     return list(given)
+
+
+def _add_launched_precision(given: _Components) -> None:
+    """``drivetrain launch --mixed_precision`` is the default; a precision the script sets wins."""
+    launched = launched_precision()
+    if launched is None:
+        return
+    source = f"drivetrain launch (the {PRECISION_VARIABLE} variable)"
+    try:
+        canonical = canonical_precision(launched)
+    except ValueError as error:
+        raise ValueError(f"{source} holds an unknown precision: {error}") from None
+    chosen = given.get("precision")
+    if chosen is None:
+        given.add("precision", launched, source)
+    elif isinstance(chosen, Precision) or canonical_precision(chosen) != canonical:
+        warnings.warn(
+            f"{source} asks for precision {launched!r}, but the script sets {chosen!r}; the script's setting is "
+            f"used. Drop one of them.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _choose_accelerator(

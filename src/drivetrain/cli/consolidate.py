@@ -1,4 +1,4 @@
-"""``drivetrain consolidate SRC DST``: turn a sharded checkpoint into one single-device file.
+"""``drivetrain consolidate SRC DST`` (or ``merge-weights``, Accelerate's name): one file from a sharded checkpoint.
 
 ``SRC`` is a directory written by ``FSDPStrategy.save_state`` (sharded, through
 ``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``; ``DST`` is the file to
@@ -17,6 +17,7 @@ from typing import Any
 def add_consolidate_command(commands: Any) -> None:
     parser = commands.add_parser(
         "consolidate",
+        aliases=["merge-weights"],  # Accelerate's name for the same job
         help="gather an FSDP or DeepSpeed sharded checkpoint into one file loadable on a single device",
         description="Gather the sharded checkpoint directory SRC (written by FSDPStrategy or DeepSpeedStrategy) "
         "into the single file DST, loadable with torch.load(DST, weights_only=True).",

@@ -7,9 +7,16 @@ races, nothing reachable from the network); several nodes use
 If any process fails, torchrun stops the others and this command exits non-zero naming the rank
 that failed first, how it ended and its error. The ranks die with this command (kill -9 included).
 
+Accelerate's spellings work too (``--num_processes`` counts all nodes' processes,
+``--num_machines``, ``--machine_rank``, ``--main_process_ip/port``, ``--mixed_precision``,
+``--gradient_accumulation_steps``, ``--cpu``, ``--multi_gpu``, ``--config_file``); settings not
+on the command line come from the file ``drivetrain config`` writes. Precision and accumulation
+steps become the defaults of the script's ``Accelerator``/``Trainer``.
+
 Examples::
 
     drivetrain launch -n 2 train.py --lr 0.1
+    drivetrain launch --num_processes 2 --mixed_precision bf16 train.py
     drivetrain launch --accelerator xpu --nproc-per-node 2 train.py
     drivetrain launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29400 train.py
 """
@@ -20,10 +27,16 @@ import argparse
 import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
+from drivetrain.cli import launch_config
 from drivetrain.cli.loopback_rendezvous import loopback_rendezvous
-from drivetrain.strategies.launchers.overrides import ACCELERATOR_VARIABLE
+from drivetrain.strategies.launchers.overrides import (
+    ACCELERATOR_VARIABLE,
+    ACCUMULATION_VARIABLE,
+    PRECISION_VARIABLE,
+)
 from drivetrain.strategies.launchers.process_env import threads_per_process
 from drivetrain.strategies.rank_failures import FailureRecord, drivetrain_error_data, root_cause
 
@@ -40,23 +53,40 @@ def add_launch_command(commands: Any) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc_per_node",
-        default="auto",
+        default=None,
         help="processes per node, or 'auto' for the accelerator's device count (default)",
     )
     parser.add_argument(
-        "--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic job (default 1)"
+        "--num_processes",
+        "--num-processes",
+        dest="num_processes",
+        type=int,
+        default=None,
+        help="processes in total over all nodes (Accelerate's spelling; per node: this / --num_machines)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        "--num_machines",
+        "--num-machines",
+        dest="nnodes",
+        default=None,
+        help="number of nodes, or MIN:MAX for an elastic job (default 1)",
     )
     parser.add_argument(
         "--node-rank",
         "--node_rank",
+        "--machine_rank",
+        "--machine-rank",
         dest="node_rank",
         type=int,
-        default=0,
+        default=None,
         help="rank of this node (static rendezvous)",
     )
     parser.add_argument(
         "--master-addr",
         "--master_addr",
+        "--main_process_ip",
+        "--main-process-ip",
         dest="master_addr",
         default=None,
         help="address of node 0 (static rendezvous)",
@@ -64,13 +94,19 @@ def add_launch_command(commands: Any) -> None:
     parser.add_argument(
         "--master-port",
         "--master_port",
+        "--main_process_port",
+        "--main-process-port",
         dest="master_port",
         type=int,
         default=None,
         help="port on node 0 (static rendezvous)",
     )
     parser.add_argument(
-        "--rdzv-backend", dest="rdzv_backend", default=None, help="torchrun rendezvous backend"
+        "--rdzv-backend",
+        "--rdzv_backend",
+        dest="rdzv_backend",
+        default=None,
+        help="torchrun rendezvous backend",
     )
     parser.add_argument(
         "--rdzv-endpoint", dest="rdzv_endpoint", default=None, help="torchrun rendezvous endpoint"
@@ -88,39 +124,158 @@ def add_launch_command(commands: Any) -> None:
         default=None,
         help="accelerator name for the script's drivetrain objects (any registered name)",
     )
+    parser.add_argument(
+        "--cpu", action="store_true", default=None, help="run on the CPU (the same as --accelerator cpu)"
+    )
+    parser.add_argument(
+        "--multi_gpu",
+        "--multi-gpu",
+        dest="multi_gpu",
+        action="store_true",
+        help="a multi-process run (Accelerate's flag): an error if only one process would start",
+    )
+    parser.add_argument(
+        "--mixed_precision",
+        "--mixed-precision",
+        "--precision",
+        dest="mixed_precision",
+        default=None,
+        help="the script's default precision: no, fp16, bf16 or any drivetrain name ('bf16-true' …)",
+    )
+    parser.add_argument(
+        "--gradient_accumulation_steps",
+        "--gradient-accumulation-steps",
+        dest="gradient_accumulation_steps",
+        type=int,
+        default=None,
+        help="the script's default batches per optimizer step",
+    )
+    parser.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="config_file",
+        default=None,
+        help=f"launch settings written by `drivetrain config` (default: {launch_config.default_path()} if it exists)",
+    )
     parser.add_argument("-m", "--module", action="store_true", help="run the script argument as a module")
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.set_defaults(run=run_launch)
 
 
-def _processes_per_node(value: str, accelerator: str | None) -> int:
+def _fail(message: str) -> NoReturn:
+    raise SystemExit(f"drivetrain launch: {message}")
+
+
+def _with_config(args: argparse.Namespace) -> argparse.Namespace:
+    """The command line, completed from the configuration file (the command line wins)."""
+    path = Path(args.config_file) if args.config_file else launch_config.default_path()
+    if args.config_file is None and not path.exists():
+        return args
+    try:
+        config = launch_config.load(path)
+    except FileNotFoundError:
+        _fail(
+            f"--config_file {path} does not exist (write one with `drivetrain config --config_file {path}`)."
+        )
+    except ValueError as error:
+        _fail(str(error))
+    print(f"drivetrain launch: settings from {path}", file=sys.stderr, flush=True)
+    merged = argparse.Namespace(**vars(args))
+    if args.nproc_per_node is not None:
+        config.num_processes = None  # the command line's processes per node win over the file's total
+    # The values that change nothing (Accelerate writes them into every file): the script's own
+    # setting then wins without a warning; torchrun's default rendezvous is "static" already.
+    if config.mixed_precision == "no":
+        config.mixed_precision = None
+    if config.gradient_accumulation_steps == 1:
+        config.gradient_accumulation_steps = None
+    if config.rdzv_backend == "static":
+        config.rdzv_backend = None
+    for option, key in (
+        ("num_processes", "num_processes"),
+        ("nnodes", "num_machines"),
+        ("node_rank", "machine_rank"),
+        ("master_addr", "main_process_ip"),
+        ("master_port", "main_process_port"),
+        ("rdzv_backend", "rdzv_backend"),
+        ("mixed_precision", "mixed_precision"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ("cpu", "use_cpu"),
+        ("accelerator", "accelerator"),
+    ):
+        value = getattr(config, key)
+        if getattr(merged, option) is None and value is not None:
+            setattr(merged, option, str(value) if option == "nnodes" else value)
+    if merged.accelerator == "auto":
+        merged.accelerator = None
+    return merged
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    for option, key in (
+        ("num_processes", "num_processes"),
+        ("node_rank", "machine_rank"),
+        ("master_port", "main_process_port"),
+        ("mixed_precision", "mixed_precision"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ):
+        try:
+            launch_config.check_value(key, getattr(args, option), f"--{option}")
+        except ValueError as error:
+            _fail(str(error))
+    if args.cpu:
+        if args.accelerator not in (None, "cpu"):
+            _fail(
+                f"--cpu asks for the CPU, but --accelerator {args.accelerator} for other hardware; drop one."
+            )
+        args.accelerator = "cpu"
+
+
+def _processes_per_node(args: argparse.Namespace) -> int:
+    nodes = args.nnodes or "1"
+    if args.num_processes is not None:
+        if not nodes.isdigit() or int(nodes) < 1:
+            _fail(
+                f"--num_processes counts all nodes' processes, which needs a fixed number of nodes, not {nodes!r}."
+            )
+        per_node, remainder = divmod(args.num_processes, int(nodes))
+        if remainder or per_node == 0:
+            _fail(
+                f"--num_processes {args.num_processes} cannot be shared equally by {nodes} nodes; give a multiple "
+                f"of the number of nodes (or --nproc-per-node for the processes per node)."
+            )
+        if args.nproc_per_node not in (None, "auto", str(per_node)):
+            _fail(
+                f"--num_processes {args.num_processes} over {nodes} node(s) means {per_node} per node, but "
+                f"--nproc-per-node says {args.nproc_per_node}; give one of them."
+            )
+        return per_node
+    value = args.nproc_per_node or "auto"
     if value != "auto":
         if value.isdigit() and int(value) > 0:
             return int(value)
-        raise SystemExit(
-            f"drivetrain launch: --nproc-per-node must be a positive number or 'auto', got {value!r}."
-        )
+        _fail(f"--nproc-per-node must be a positive number or 'auto', got {value!r}.")
     from drivetrain.accelerators import AcceleratorRegistry, resolve_accelerator
 
-    name = accelerator or "auto"
+    name = args.accelerator or "auto"
     if name not in ("auto", "gpu") and name not in AcceleratorRegistry:
-        raise SystemExit(
-            f"drivetrain launch: cannot count the devices of accelerator {name!r} here (it is not registered in this "
+        _fail(
+            f"cannot count the devices of accelerator {name!r} here (it is not registered in this "
             f"process; the script may register it). Pass --nproc-per-node explicitly."
         )
     try:
         return resolve_accelerator(name).auto_device_count()
     except ValueError as error:
-        raise SystemExit(f"drivetrain launch: {error} Or pass --nproc-per-node explicitly.") from None
+        _fail(f"{error} Or pass --nproc-per-node explicitly.")
 
 
 def torchrun_arguments(args: argparse.Namespace, nproc_per_node: int) -> list[str]:
     """Translate our options into ``torch.distributed.run`` arguments."""
     arguments = [
         f"--nproc-per-node={nproc_per_node}",
-        f"--nnodes={args.nnodes}",
-        f"--node-rank={args.node_rank}",
+        f"--nnodes={args.nnodes or 1}",
+        f"--node-rank={args.node_rank or 0}",
         f"--max-restarts={args.max_restarts}",
     ]
     if args.master_addr is not None:
@@ -138,12 +293,22 @@ def torchrun_arguments(args: argparse.Namespace, nproc_per_node: int) -> list[st
 
 def run_launch(args: argparse.Namespace) -> int:
     if not args.module and not os.path.exists(args.script):
-        raise SystemExit(
-            f"drivetrain launch: the script {args.script!r} does not exist (use -m to run a module)."
+        _fail(f"the script {args.script!r} does not exist (use -m to run a module).")
+    args = _with_config(args)
+    _check_settings(args)
+    nproc_per_node = _processes_per_node(args)
+    nodes = str(args.nnodes or "1")
+    if args.multi_gpu and nproc_per_node * (int(nodes) if nodes.isdigit() else 2) < 2:
+        _fail(
+            "--multi_gpu asks for several processes, but only 1 would start: pass --num_processes N (N > 1)."
         )
-    nproc_per_node = _processes_per_node(args.nproc_per_node, args.accelerator)
-    if args.accelerator:
-        os.environ[ACCELERATOR_VARIABLE] = args.accelerator
+    for variable, value in (
+        (ACCELERATOR_VARIABLE, args.accelerator),
+        (PRECISION_VARIABLE, args.mixed_precision),
+        (ACCUMULATION_VARIABLE, args.gradient_accumulation_steps),
+    ):
+        if value is not None:
+            os.environ[variable] = str(value)
     # torchrun would force 1 thread per process and warn; share the cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc_per_node)))
     # The ranks die with this process (see TorchElasticEnvironment.launcher_pid), even under kill -9.
@@ -169,7 +334,7 @@ def run_launch(args: argparse.Namespace) -> int:
 def _single_node_without_rendezvous(args: argparse.Namespace) -> bool:
     """One node, and no rendezvous options: drivetrain hosts the store, on loopback only."""
     options = (args.master_addr, args.master_port, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id)
-    return str(args.nnodes) in ("1", "1:1") and all(option is None for option in options)
+    return str(args.nnodes or "1") in ("1", "1:1") and all(option is None for option in options)
 
 
 def describe_failures(failures: dict[int, Any]) -> str:

@@ -1,4 +1,5 @@
-"""The ``drivetrain`` command: ``drivetrain launch …``, ``env``, ``consolidate``, ``plot`` and ``--version``."""
+"""The ``drivetrain`` command: ``launch``, ``config``, ``env``, ``consolidate`` (``merge-weights``),
+``estimate-memory``, ``plot`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"drivetrain {drivetrain.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
+    from drivetrain.cli.config import add_config_command
     from drivetrain.cli.consolidate import add_consolidate_command
     from drivetrain.cli.env import add_env_command
+    from drivetrain.cli.estimate_memory import add_estimate_memory_command
     from drivetrain.cli.launch import add_launch_command
     from drivetrain.cli.plot import add_plot_command
 
     add_launch_command(commands)
+    add_config_command(commands)
     add_env_command(commands)
     add_consolidate_command(commands)
+    add_estimate_memory_command(commands)
     add_plot_command(commands)
     return parser
 

@@ -61,8 +61,10 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     Accelerate's arguments:
         device_placement: put prepared models and batches on the device.
         split_batches: cut each batch into one slice per process (the batch size is global).
-        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (``fp16=True`` means ``"fp16"``).
-        gradient_accumulation_steps: batches per optimizer step (use with :meth:`accumulate`).
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (``fp16=True`` means ``"fp16"``); by
+            default ``drivetrain launch --mixed_precision`` (else ``"no"``).
+        gradient_accumulation_steps: batches per optimizer step (use with :meth:`accumulate`); by
+            default ``drivetrain launch --gradient_accumulation_steps`` (else 1).
         cpu: run on the CPU (``accelerator="cpu"``); under a launcher it still joins all processes.
         dataloader_config: a :class:`~drivetrain.utils.DataLoaderConfiguration`.
         rng_types: generators to synchronise at each epoch start besides the sampler's own:
@@ -99,7 +101,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         device_placement: bool = True,
         split_batches: bool | None = None,
         mixed_precision: str | None = None,
-        gradient_accumulation_steps: int = 1,
+        gradient_accumulation_steps: int | None = None,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
         rng_types: Sequence[str] | None = None,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies.launchers.overrides import accumulation_steps
 from drivetrain.strategies.step_policy import check_accumulation_steps
 
 # Imported by the functions that use them: building an Accelerator needs them, importing it does not.
@@ -254,13 +255,14 @@ def _precision_options(handlers: Handlers) -> dict[str, Any]:
     return options
 
 
-def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientState:
+def gradient_state(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientState:
+    """The Accelerator's accumulation state; ``drivetrain launch --gradient_accumulation_steps`` is the default."""
     from drivetrain.facade.state import GradientState
 
-    check_accumulation_steps(steps)
     if plugin is None:
-        return GradientState(steps)
-    if steps != 1:
+        chosen = accumulation_steps(steps, "gradient_accumulation_steps")
+        return GradientState(check_accumulation_steps(1 if chosen is None else chosen))
+    if steps is not None and steps != 1:
         raise ValueError(
             "Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both "
             "(GradientAccumulationPlugin(num_steps=...) holds the steps)."
@@ -269,7 +271,10 @@ def gradient_state(steps: int, plugin: GradientAccumulationPlugin | None) -> Gra
         raise ValueError(
             "GradientAccumulationPlugin(num_steps=None): set num_steps to the batches per optimizer step."
         )
-    return GradientState(plugin.num_steps, plugin.sync_with_dataloader, plugin.sync_each_batch)
+    num_steps = check_accumulation_steps(
+        accumulation_steps(plugin.num_steps, "GradientAccumulationPlugin.num_steps")
+    )
+    return GradientState(num_steps, plugin.sync_with_dataloader, plugin.sync_each_batch)
 
 
 def data_config(

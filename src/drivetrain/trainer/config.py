@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from drivetrain.strategies.launchers.overrides import accumulation_steps
 from drivetrain.trainer.data import check_limit
 
 #: When neither max_epochs nor max_steps nor max_time is set.
@@ -91,7 +92,7 @@ def build_settings(
     val_check_interval: int | float | None,
     check_val_every_n_epoch: int | None,
     num_sanity_val_steps: int | None,
-    accumulate_grad_batches: int,
+    accumulate_grad_batches: int | None,
     gradient_clip_val: float | None,
     gradient_clip_algorithm: str | None,
     log_every_n_steps: int | None,
@@ -153,7 +154,9 @@ def build_settings(
         -1,
         " Use -1 for all.",
     )
-    accumulate = _int("accumulate_grad_batches", accumulate_grad_batches, 1)
+    # Left unset, ``drivetrain launch --gradient_accumulation_steps`` decides (else 1).
+    launched = accumulation_steps(accumulate_grad_batches, "accumulate_grad_batches")
+    accumulate = _int("accumulate_grad_batches", 1 if launched is None else launched, 1)
     if gradient_clip_val is not None:
         if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float)):
             raise TypeError(f"gradient_clip_val expects a number, got {gradient_clip_val!r}.")

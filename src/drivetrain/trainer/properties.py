@@ -122,6 +122,11 @@ class TrainerProperties:
         return self._settings.max_epochs
 
     @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step (``drivetrain launch --gradient_accumulation_steps`` when not set)."""
+        return self._settings.accumulate_grad_batches
+
+    @property
     def max_steps(self) -> int:
         return self._settings.max_steps
 

@@ -65,7 +65,8 @@ class Trainer(TrainerProperties):
         check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
             batches across epochs).
         num_sanity_val_steps: validation batches run before training, to catch bugs early (-1: all).
-        accumulate_grad_batches: step the optimizer every this many batches.
+        accumulate_grad_batches: step the optimizer every this many batches (default:
+            ``drivetrain launch --gradient_accumulation_steps``, else 1).
         gradient_clip_val: clip gradients to this total norm (or value); ``None`` for no clipping.
         gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
         callbacks: a :class:`Callback` or a list of them.
@@ -108,7 +109,7 @@ class Trainer(TrainerProperties):
         val_check_interval: int | float = 1.0,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int = 2,
-        accumulate_grad_batches: int = 1,
+        accumulate_grad_batches: int | None = None,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         callbacks: Callback | list[Callback] | None = None,

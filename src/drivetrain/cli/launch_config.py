@@ -1,0 +1,156 @@
+"""The launch configuration file: what ``drivetrain config`` writes and ``drivetrain launch`` reads.
+
+A YAML mapping with Accelerate's key names, so an ``accelerate config`` file works too
+(``drivetrain launch --config_file ~/.cache/huggingface/accelerate/default_config.yaml``)::
+
+    num_processes: 2          # in total, over all machines
+    num_machines: 1
+    machine_rank: 0
+    main_process_ip: null     # machine 0's address (several machines)
+    main_process_port: null
+    rdzv_backend: static
+    mixed_precision: bf16     # no / fp16 / bf16, or any drivetrain precision name
+    gradient_accumulation_steps: 1
+    use_cpu: false
+    accelerator: auto         # drivetrain's: any registered accelerator name
+
+The default file is ``$XDG_CONFIG_HOME/drivetrain/launch.yaml`` (``~/.config/drivetrain/launch.yaml``).
+Keys of Accelerate's that drivetrain has no use for are accepted at their neutral values; any
+other value for them is reported (a setting is never dropped silently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Accelerate keys that change nothing here at these values (what ``accelerate config`` writes
+#: for a plain run); another value is reported, since drivetrain would not honour it.
+NEUTRAL_KEYS: dict[str, tuple[Any, ...]] = {
+    "compute_environment": ("LOCAL_MACHINE",),
+    "debug": (False,),
+    "downcast_bf16": ("no", False),
+    "enable_cpu_affinity": (False,),
+    "gpu_ids": ("all", None),
+    "main_training_function": ("main",),
+    "same_network": (True,),
+    "tpu_env": ([],),
+    "tpu_use_cluster": (False,),
+    "tpu_use_sudo": (False,),
+    "distributed_type": ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_MPS"),
+}
+
+
+@dataclasses.dataclass
+class LaunchConfig:
+    """Launch settings; ``None`` means "not set here" (the command line or the default decides)."""
+
+    num_processes: int | None = None
+    num_machines: int | None = None
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    rdzv_backend: str | None = None
+    mixed_precision: str | None = None
+    gradient_accumulation_steps: int | None = None
+    use_cpu: bool | None = None
+    accelerator: str | None = None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
+
+
+_INT_KEYS = {
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_port",
+    "gradient_accumulation_steps",
+}
+_STR_KEYS = {"main_process_ip", "rdzv_backend", "mixed_precision", "accelerator"}
+
+
+def default_path() -> Path:
+    """Where ``drivetrain config`` writes and ``drivetrain launch`` looks when no file is named."""
+    home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(home) / "drivetrain" / "launch.yaml"
+
+
+def check_value(key: str, value: Any, source: str) -> Any:
+    """``value`` for ``key`` if it has the right type and range; else a ``ValueError`` naming ``source``."""
+    if value is None:
+        return None
+    if key in _INT_KEYS:
+        minimum = 0 if key == "machine_rank" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{source}: {key} must be an integer >= {minimum}, got {value!r}.")
+        if key == "main_process_port" and value > 65535:
+            raise ValueError(f"{source}: main_process_port must be a port number (1-65535), got {value}.")
+    elif key in _STR_KEYS:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{source}: {key} must be a non-empty string, got {value!r}.")
+        if key == "mixed_precision":
+            from drivetrain.plugins.precision import canonical_precision
+
+            try:
+                canonical_precision(value)
+            except ValueError as error:
+                raise ValueError(f"{source}: mixed_precision: {error}") from None
+    elif key == "use_cpu" and not isinstance(value, bool):
+        raise ValueError(f"{source}: use_cpu must be true or false, got {value!r}.")
+    return value
+
+
+def load(path: Path) -> LaunchConfig:
+    """Read and check a launch configuration file.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a YAML mapping, an unknown key, or a value of the wrong kind.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}.")
+    fields = {field.name for field in dataclasses.fields(LaunchConfig)}
+    values: dict[str, Any] = {}
+    ignored = []
+    for key, value in data.items():
+        if key in fields:
+            values[key] = check_value(key, value, str(path))
+        elif key in NEUTRAL_KEYS:
+            if value not in NEUTRAL_KEYS[key]:
+                ignored.append(f"{key}: {value!r}")
+        elif isinstance(value, dict) and key.endswith("_config"):
+            # Accelerate's deepspeed_config / fsdp_config / dynamo_config … sections.
+            ignored.append(
+                f"{key} (choose the strategy in the script: strategy='deepspeed_stage_2', 'fsdp' …)"
+            )
+        else:
+            raise ValueError(
+                f"{path}: unknown setting {key!r}. Known: {', '.join(sorted(fields))} (and Accelerate's "
+                f"{', '.join(sorted(NEUTRAL_KEYS))} at their defaults)."
+            )
+    if ignored:
+        warnings.warn(
+            f"{path}: drivetrain launch does not use {'; '.join(ignored)}. Remove them to silence this warning.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return LaunchConfig(**values)
+
+
+def save(config: LaunchConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(config.to_yaml())
+    os.replace(temporary, path)
