@@ -254,3 +254,56 @@ def test_bad_device_maps_and_checkpoints_are_explained(reference: Net, tmp_path:
         dispatch_model(_empty(), {"": "cpu"})
     with pytest.raises(FileNotFoundError):
         load_checkpoint_in_model(_empty(), tmp_path / "nothing.safetensors")
+
+
+class TiedNet(nn.Module):
+    """A language-model shape: the output layer shares the embedding's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.mix = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.mix(self.embed(ids)))
+
+
+@pytest.mark.parametrize(
+    "device_map",
+    [
+        None,
+        {"": "cpu"},
+        {"embed": "cpu", "mix": "disk", "out": "cpu"},
+        {"embed": "disk", "mix": "cpu", "out": "disk"},
+        {"embed": "cpu", "mix": "cpu", "out": "disk"},
+    ],
+)
+def test_tied_weights_stay_tied(device_map: dict[str, str] | None, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    reference = TiedNet().eval()
+    ids = torch.tensor([[1, 2, 3], [9, 0, 4]])
+    # A saved tied model holds the shared tensor once (safetensors refuses shared storage).
+    checkpoint = tmp_path / "tied.safetensors"
+    save_file({k: v for k, v in reference.state_dict().items() if k != "out.weight"}, str(checkpoint))
+    with init_empty_weights():
+        model = TiedNet().eval()
+    if device_map is None:
+        load_checkpoint_in_model(model, checkpoint, strict=True)
+        assert model.out.weight is model.embed.weight
+    else:
+        load_checkpoint_and_dispatch(
+            model, checkpoint, device_map, offload_folder=tmp_path / "offload", strict=True
+        )
+    with torch.no_grad():
+        assert torch.equal(model(ids), reference(ids))
+
+
+def test_a_partial_checkpoint_is_reported(reference: Net, tmp_path: Path) -> None:
+    partial = tmp_path / "partial.safetensors"
+    save_file({"head.weight": reference.head.weight.contiguous(), "extra": torch.zeros(1)}, str(partial))
+    model = _empty()
+    with pytest.warns(UserWarning, match=r"missing \['blocks.0.*unexpected \['extra'\]; loaded what matches"):
+        load_checkpoint_in_model(model, partial)
+    assert torch.equal(model.head.weight, reference.head.weight)

@@ -11,6 +11,7 @@ it. :func:`load_checkpoint_and_dispatch` does both, inferring the map with ``dev
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,6 +74,25 @@ def set_module_tensor_to_device(
         owner._buffers[leaf] = moved
 
 
+def tied_parameters(model: nn.Module) -> dict[str, str]:
+    """Tied weights: every other name of a shared parameter -> the name ``named_parameters()`` gives it.
+
+    Checkpoints hold a shared tensor once (under either name); the other names follow it.
+    """
+    primary = {id(parameter): name for name, parameter in model.named_parameters()}
+    return {
+        name: primary[id(parameter)]
+        for name, parameter in model.named_parameters(remove_duplicate=False)
+        if primary[id(parameter)] != name
+    }
+
+
+def _share(model: nn.Module, alias: str, primary: str) -> None:
+    owner_name, _, leaf = alias.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    owner._parameters[leaf] = model.get_parameter(primary)
+
+
 def load_checkpoint_in_model(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
@@ -100,10 +120,14 @@ def load_checkpoint_in_model(
             "the device map sends modules to 'disk', which needs offload_folder= (a folder to write them to)."
         )
     offload = OffloadFolder(offload_folder) if offload_folder is not None else None
+    aliases = tied_parameters(model)
     expected = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in iter_checkpoint(checkpoint):
+        name = aliases.get(name, name)
+        if name in loaded:  # the other name of a tied weight, saved twice
+            continue
         if name not in expected:
             unexpected.append(name)
             continue
@@ -119,12 +143,18 @@ def load_checkpoint_in_model(
         loaded.add(name)
     if offload is not None:
         offload.flush()
+    for alias, primary in aliases.items():
+        if primary in loaded:
+            _share(model, alias, primary)  # tied weights stay tied (dispatch_model reads the tie)
     missing = sorted(expected - loaded)
-    if strict and (missing or unexpected):
-        raise ValueError(
-            f"the checkpoint does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]} "
-            f"(strict=False loads what matches)."
+    if missing or unexpected:
+        message = (
+            f"the checkpoint does not match the model: missing {missing[:10]}, unexpected {unexpected[:10]}"
         )
+        if strict:
+            raise ValueError(f"{message} (strict=False loads what matches).")
+        # Tensors left out keep what the model had (on ``meta``: no data, which dispatching reports).
+        warnings.warn(f"{message}; loaded what matches.", UserWarning, stacklevel=2)
 
 
 class _Offloaded:
@@ -232,6 +262,7 @@ def dispatch_model(
         )
     disk = OffloadFolder(offload_dir) if offload_dir is not None else None
     remove_hooks(model)
+    aliases = tied_parameters(model)
     tensors_of_model = {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
     for entry, place in device_map.items():
         # An entry naming a tensor is run by the module holding it.
@@ -241,13 +272,20 @@ def dispatch_model(
         offloaded = None
         if device == "disk":
             assert disk is not None
-            tensors = _owned_tensors(module, name, device_map, entry)
-            absent = [full for _, full in tensors if full not in disk]
+            names: dict[str, str] = {}  # local name -> name in the offload folder
+            absent = []
+            for local, full in _owned_tensors(module, name, device_map, entry):
+                stored = aliases.get(full, full)
+                if stored in disk:
+                    names[local] = stored
+                elif _tensor(module, local).device == _META:
+                    absent.append(full)
+                # else: tied to a weight kept in memory elsewhere, which it keeps sharing
             if absent:
                 raise ValueError(
                     f"{absent[:3]} are not in the offload folder {offload_dir}; load the checkpoint with it first."
                 )
-            offloaded = _Offloaded([local for local, _ in tensors], _reader(disk.load, name))
+            offloaded = _Offloaded(list(names), lambda local, names=names: disk.load(names[local]))  # type: ignore[misc]
             execution = main
         elif isinstance(device, torch.device) and device.type == "cpu" and main.type != "cpu":
             # CPU offload: the weights stay in RAM, the module computes on the main device.
@@ -263,8 +301,13 @@ def dispatch_model(
             execution = main
         else:
             assert isinstance(device, torch.device)
-            for local, _ in _owned_tensors(module, name, device_map, entry):
-                set_module_tensor_to_device(module, local, device)
+            for local, full in _owned_tensors(module, name, device_map, entry):
+                stored = aliases.get(full, full)
+                if _tensor(module, local).device == _META and disk is not None and stored in disk:
+                    # Tied to a weight offloaded to disk: this module keeps a copy in memory.
+                    set_module_tensor_to_device(module, local, device, disk.load(stored))
+                else:
+                    set_module_tensor_to_device(module, local, device)
             execution = device
         _attach(module, execution, offloaded)
     if "" not in device_map:
@@ -273,9 +316,12 @@ def dispatch_model(
     return model
 
 
-def _reader(read: Callable[..., Tensor], prefix: str) -> Callable[[str], Tensor]:
-    join = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
-    return lambda local: read(join(local))
+def _tensor(module: nn.Module, name: str) -> Tensor:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    found = owner._parameters.get(leaf, owner._buffers.get(leaf))
+    assert found is not None  # names come from named_parameters()/named_buffers()
+    return found
 
 
 def cpu_offload(model: nn.Module, execution_device: torch.device | str | None = None) -> nn.Module:

@@ -102,6 +102,7 @@ class OffloadFolder:
 
     def flush(self) -> None:
         """Write the index (after the tensors, so a reader never sees a name without its file)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         temporary = self.folder / (self.INDEX + ".tmp")
         temporary.write_text(json.dumps(self.index, indent=1, sort_keys=True))
         os.replace(temporary, self.folder / self.INDEX)
