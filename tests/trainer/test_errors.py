@@ -193,7 +193,7 @@ def test_checkpoint_callback_arguments() -> None:
         ModelCheckpoint(save_top_k=3)
     with pytest.raises(ValueError, match=r"ModelCheckpoint\(mode='lowest'\); use 'min' or 'max'"):
         ModelCheckpoint(mode="lowest")
-    with pytest.raises(ValueError, match=r"choose one schedule"):
+    with pytest.raises(ValueError, match=r"these schedules exclude each other; choose one"):
         ModelCheckpoint(every_n_train_steps=5, every_n_epochs=1)
 
 

@@ -131,6 +131,16 @@ class TrainerProperties:
         return self._settings.max_steps
 
     @property
+    def val_check_interval(self) -> int | float:
+        """Validate every this fraction of an epoch (float) or number of batches (int)."""
+        return self._settings.val_check_interval
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """Validate in every n-th epoch (``None``: ``val_check_interval`` counts batches across epochs)."""
+        return self._settings.check_val_every_n_epoch
+
+    @property
     def log_every_n_steps(self) -> int:
         return self._settings.log_every_n_steps
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.trainer.callbacks.lr_monitor import LearningRateMonitor
     from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
     from drivetrain.trainer.callbacks.model_summary import ModelSummary
+    from drivetrain.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
     from drivetrain.trainer.callbacks.throughput import ThroughputMonitor
 
@@ -27,6 +28,7 @@ __getattr__, __dir__ = lazy_exports(
         "LearningRateMonitor": "drivetrain.trainer.callbacks.lr_monitor",
         "ModelCheckpoint": "drivetrain.trainer.callbacks.model_checkpoint",
         "ModelSummary": "drivetrain.trainer.callbacks.model_summary",
+        "OnExceptionCheckpoint": "drivetrain.trainer.callbacks.on_exception_checkpoint",
         "ProgressBar": _PROGRESS,
         "TQDMProgressBar": _PROGRESS,
         "ThroughputMonitor": "drivetrain.trainer.callbacks.throughput",
@@ -39,6 +41,7 @@ __all__ = [
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
+    "OnExceptionCheckpoint",
     "ProgressBar",
     "TQDMProgressBar",
     "ThroughputMonitor",

@@ -4,18 +4,28 @@ Checkpoints are written through the strategy (its CheckpointIO, atomically; shar
 strategies write their own layout) on every process's behalf. When saving is due is decided
 identically on every rank: the monitored value and the file name are taken from rank 0.
 
-When it saves:
+When it saves (one schedule at a time, as in Lightning):
     * ``every_n_train_steps=n``: after every n-th optimizer step (in ``on_train_batch_end``);
-    * otherwise every ``every_n_epochs`` (default 1) epochs, at the end of the epoch (after its
-      validation and the module's ``on_train_epoch_end``), and after each validation that runs
-      in the middle of such an epoch (``val_check_interval`` < 1).
+    * ``train_time_interval=timedelta(...)``: after the first batch that ends that long after the
+      previous save (the ranks agree through rank 0's clock);
+    * otherwise every ``every_n_epochs`` (default 1) epochs: at the end of the training epoch when
+      ``save_on_train_epoch_end`` is true, else after each validation of such an epoch. Left unset,
+      it is true exactly when validation runs once at the end of every epoch, or not at all.
+
+A checkpoint never replaces a file it did not write in this run for the same purpose: when the
+name is taken (a second validation in the same epoch with ``filename="{epoch}"``, or an earlier
+run's files in the same folder) the new file gets Lightning's version suffix (``-v1``, ``-v2`` …),
+so a kept path (``best_model_path``) always holds the weights its score describes. Only the
+checkpoint that the new one displaces from the top k may be written over.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,11 +60,20 @@ class ModelCheckpoint(Callback):
         mode: ``"min"`` or ``"max"``: which way the monitored metric improves.
         auto_insert_metric_name: write ``epoch=3`` rather than ``3`` in file names.
         every_n_train_steps: save after every n optimizer steps.
-        every_n_epochs: save every n epochs (default 1 unless ``every_n_train_steps`` is set).
+        train_time_interval: save after the first batch ending this long after the previous save.
+        every_n_epochs: save every n epochs (default 1 unless one of the two above is set).
+        save_on_train_epoch_end: save at the end of the training epoch (``True``) or after validation
+            (``False``); ``None`` decides from the validation schedule (see the module docstring).
+        enable_version_counter: give a new checkpoint whose name is taken a ``-v1`` (``-v2`` …) suffix
+            instead of writing over the existing file.
+        save_on_exception: when fit ends with an exception, save a checkpoint of the state at that
+            moment (and ``last`` if ``save_last``) under a free name (single-process runs).
     """
 
     CHECKPOINT_NAME_LAST = "last"
+    CHECKPOINT_JOIN_CHAR = "-"
     FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
 
     def __init__(
         self,
@@ -68,7 +87,11 @@ class ModelCheckpoint(Callback):
         mode: str = "min",
         auto_insert_metric_name: bool = True,
         every_n_train_steps: int | None = None,
+        train_time_interval: datetime.timedelta | None = None,
         every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
+        save_on_exception: bool = False,
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"ModelCheckpoint(mode={mode!r}); use 'min' or 'max'.")
@@ -84,10 +107,32 @@ class ModelCheckpoint(Callback):
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"ModelCheckpoint({name}={value!r}); use an int >= 1 (0 turns it off).")
-        if every_n_train_steps and every_n_epochs:
+        if train_time_interval is not None and (
+            not isinstance(train_time_interval, datetime.timedelta)
+            or train_time_interval.total_seconds() <= 0
+        ):
             raise ValueError(
-                f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}): choose "
-                f"one schedule."
+                f"ModelCheckpoint(train_time_interval={train_time_interval!r}); use a positive datetime.timedelta, "
+                f"e.g. timedelta(minutes=30)."
+            )
+        schedules = {
+            "every_n_train_steps": every_n_train_steps,
+            "every_n_epochs": every_n_epochs,
+            "train_time_interval": train_time_interval,
+        }
+        chosen = {name: value for name, value in schedules.items() if value}
+        if len(chosen) > 1:
+            given = ", ".join(f"{name}={value!r}" for name, value in chosen.items())
+            raise ValueError(f"ModelCheckpoint({given}): these schedules exclude each other; choose one.")
+        for name, flag in (
+            ("enable_version_counter", enable_version_counter),
+            ("save_on_exception", save_on_exception),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ModelCheckpoint({name}={flag!r}); use True or False.")
+        if save_on_train_epoch_end not in (None, True, False):
+            raise TypeError(
+                f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}); use True, False or None (auto)."
             )
         self.dirpath: str | None = os.fspath(dirpath) if dirpath is not None else None
         self.filename = filename
@@ -99,9 +144,16 @@ class ModelCheckpoint(Callback):
         self.mode = mode
         self.auto_insert_metric_name = auto_insert_metric_name
         self.every_n_train_steps = every_n_train_steps or 0
+        self.train_time_interval = train_time_interval
         self.every_n_epochs = (
-            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+            every_n_epochs
+            if every_n_epochs is not None
+            else (0 if every_n_train_steps or train_time_interval else 1)
         )
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
+        self.save_on_exception = save_on_exception
+        self._last_time_checked: float | None = None
         self.best_k_models: dict[str, float] = {}
         self.kth_best_model_path = ""
         self.best_model_score: float | None = None
@@ -118,32 +170,90 @@ class ModelCheckpoint(Callback):
             mode=self.mode,
             every_n_train_steps=self.every_n_train_steps,
             every_n_epochs=self.every_n_epochs,
+            train_time_interval=self.train_time_interval,
         )
 
     # -- hooks --------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if stage != "fit":
             return
+        if self.save_on_exception and trainer.world_size > 1:
+            raise ValueError(
+                _ONE_PROCESS_ONLY.format(what="ModelCheckpoint(save_on_exception=True)", n=trainer.world_size)
+            )
         dirpath = self.dirpath or _default_dirpath(trainer)
         # Loggers pick their version folder on rank 0 only; every rank must write to the same place.
         self.dirpath = trainer.strategy.broadcast(dirpath) if trainer.world_size > 1 else dirpath
 
+    def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        self._last_time_checked = time.monotonic()
+        if (
+            self.save_on_train_epoch_end is False
+            and self.every_n_epochs
+            and not sum(trainer.num_val_batches)
+            and trainer.is_global_zero
+        ):
+            warnings.warn(
+                "ModelCheckpoint(save_on_train_epoch_end=False) saves after validation, but this fit has no "
+                "validation, so it saves no epoch checkpoint. Add validation data, or leave save_on_train_epoch_end "
+                "unset.",
+                UserWarning,
+                stacklevel=2,
+            )
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if self.every_n_train_steps and step % self.every_n_train_steps == 0 and not self._skip(trainer):
+        every_n, interval = self.every_n_train_steps, self.train_time_interval
+        if not every_n and interval is None:
+            return
+        if self._skip(trainer):
+            return
+        due = bool(every_n) and trainer.global_step % every_n == 0
+        if interval is not None:
+            now = time.monotonic()
+            started = self._last_time_checked if self._last_time_checked is not None else now
+            time_due = now - started >= interval.total_seconds()
+            if trainer.world_size > 1:  # clocks differ: rank 0's decides for all
+                time_due = bool(trainer.strategy.broadcast(time_due))
+            if time_due:
+                self._last_time_checked = now
+                due = True
+        if due:
             self._save(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        # Validation in the middle of an epoch; the one at its end is followed by on_train_epoch_end.
-        mid_epoch = not trainer.fit_progress.epoch_ending
-        if mid_epoch and self._epoch_due(trainer) and not self._skip(trainer):
+        if self._skip(trainer) or self._saves_on_train_epoch_end(trainer):
+            return
+        if self._epoch_due(trainer):
             self._save(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        if self._epoch_due(trainer) and not self._skip(trainer):
+        if self._skip(trainer) or not self._saves_on_train_epoch_end(trainer):
+            return
+        if self._epoch_due(trainer):
             self._save(trainer)
+
+    def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
+        if not self.save_on_exception or self._skip(trainer) or not (trainer.training or trainer.validating):
+            return  # before the loop started (set-up, restoring) there is no new state to save
+        metrics = self._format_metrics(trainer)
+        filepath = self._free_name(metrics)
+        self._write(trainer, filepath)
+        if self.save_last:
+            self._save_last(trainer, self._last_name(metrics))
+        _log.info(
+            f"{type(exception).__name__} ended the fit; saved a checkpoint of the state at that moment to {filepath}"
+        )
+
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False  # validation only in some epochs: save after it, with a fresh score
+        if not sum(trainer.num_val_batches):
+            return True
+        return trainer.val_check_interval == 1.0
 
     def _epoch_due(self, trainer: Trainer) -> bool:
         return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
@@ -161,20 +271,67 @@ class ModelCheckpoint(Callback):
     def _save(self, trainer: Trainer) -> None:
         metrics = self._format_metrics(trainer)
         current = self._monitored(trainer, metrics)
-        filepath = self.format_checkpoint_name(metrics)
+        # Rank 0 decides what is kept and under which name (it looks at the folder); every rank follows.
+        plan = (*self._plan(metrics, current), self._last_name(metrics) if self.save_last else None)
         if trainer.world_size > 1:
-            filepath, current = trainer.strategy.broadcast((filepath, current))
+            plan = trainer.strategy.broadcast(plan)
+        filepath, displaced, last = plan
         self._last_global_step_saved = trainer.global_step
-        if self.monitor is None:
-            self._save_recent(trainer, filepath)
-        elif current is not None:
-            self._save_top_k(trainer, filepath, current)
-        if self.save_last:
-            last = os.path.join(self.dirpath or "", self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-            self._write(trainer, last)
-            self.last_model_path = last
+        if filepath is not None:
+            if self.monitor is None:
+                self._save_recent(trainer, filepath, displaced)
+            else:
+                assert current is not None
+                self._save_top_k(trainer, filepath, current, displaced)
+        if last is not None:
+            self._save_last(trainer, last)
         # Only now, with every new checkpoint of this save published, do older ones go.
         self._prune(trainer)
+
+    def _plan(self, metrics: dict[str, Any], current: float | None) -> tuple[str | None, str | None]:
+        """The new checkpoint's path (``None``: not kept) and the kept one it displaces, if any."""
+        k = self.save_top_k
+        if k == 0 or (self.monitor is not None and current is None):
+            return None, None
+        displaced: str | None = None
+        if self.monitor is None:
+            if k != -1 and len(self._recent) >= k:
+                displaced = self._recent[0]
+        elif k != -1 and len(self.best_k_models) >= k:
+            worst = self.kth_best_model_path
+            if not self._better(current, self.best_k_models[worst]):  # type: ignore[arg-type]
+                return None, None
+            displaced = worst
+        return self._free_name(metrics, reusable=displaced), displaced
+
+    def _free_name(
+        self, metrics: dict[str, Any], filename: str | None = None, reusable: str | None = None
+    ) -> str:
+        """The formatted name, with ``-v1``, ``-v2`` … while it is taken by anything but ``reusable``."""
+        path = self.format_checkpoint_name(metrics, filename)
+        if not self.enable_version_counter:
+            return path
+        version = self.STARTING_VERSION
+        while path != reusable and self._taken(path):
+            path = self.format_checkpoint_name(metrics, filename, ver=version)
+            version += 1
+        return path
+
+    def _taken(self, path: str) -> bool:
+        from drivetrain.plugins.io.atomic import resolve
+
+        return path in self.best_k_models or path in self._recent or resolve(path) is not None
+
+    def _last_name(self, metrics: dict[str, Any]) -> str:
+        # This run's own last checkpoint is rewritten; one left by an earlier run in the folder is not.
+        return self._free_name(metrics, self.CHECKPOINT_NAME_LAST, reusable=self.last_model_path or None)
+
+    def _save_last(self, trainer: Trainer, last: str) -> None:
+        previous = self.last_model_path
+        self.last_model_path = last
+        self._write(trainer, last)
+        if previous and previous != last:
+            self._pending_removals.append(previous)
 
     def _monitored(self, trainer: Trainer, metrics: dict[str, Any]) -> float | None:
         if self.monitor is None:
@@ -199,22 +356,12 @@ class ModelCheckpoint(Callback):
     def _better(self, current: float, reference: float) -> bool:
         return current < reference if self.mode == "min" else current > reference
 
-    def _save_top_k(self, trainer: Trainer, filepath: str, current: float) -> None:
-        k = self.save_top_k
-        if k == 0:
-            return
-        if k != -1 and len(self.best_k_models) >= k and filepath not in self.best_k_models:
-            worst = self.kth_best_model_path
-            if not self._better(current, self.best_k_models[worst]):
-                return
-            displaced: str | None = worst
-        else:
-            displaced = None
+    def _save_top_k(self, trainer: Trainer, filepath: str, current: float, displaced: str | None) -> None:
         # The ranking the new checkpoint records includes itself; it takes effect only if the write
         # succeeds, and the displaced file is deleted only after it (see _prune).
         previous = self._ranking()
         self.best_k_models[filepath] = current
-        if displaced is not None:
+        if displaced is not None and displaced != filepath:
             del self.best_k_models[displaced]
             self._pending_removals.append(displaced)
         self._rank()
@@ -228,14 +375,11 @@ class ModelCheckpoint(Callback):
                 f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor}={current:.6g}, saved {filepath}"
             )
 
-    def _save_recent(self, trainer: Trainer, filepath: str) -> None:
-        if self.save_top_k == 0:
-            return
+    def _save_recent(self, trainer: Trainer, filepath: str, displaced: str | None) -> None:
         previous = self._ranking()
-        recent = [path for path in self._recent if path != filepath] + [filepath]
-        if self.save_top_k != -1:
-            self._pending_removals.extend(recent[: -self.save_top_k])
-            recent = recent[-self.save_top_k :]
+        recent = [path for path in self._recent if path not in (displaced, filepath)] + [filepath]
+        if displaced is not None and displaced != filepath:
+            self._pending_removals.append(displaced)
         self._recent = recent
         self.best_model_path = filepath
         try:
@@ -296,9 +440,17 @@ class ModelCheckpoint(Callback):
         metrics["step"] = trainer.global_step
         return metrics
 
-    def format_checkpoint_name(self, metrics: dict[str, Any]) -> str:
-        """The checkpoint path for ``metrics`` (with ``epoch`` and ``step``) under :attr:`dirpath`."""
-        template = self.filename or "{epoch}-{step}"
+    def format_checkpoint_name(
+        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None
+    ) -> str:
+        """The checkpoint path for ``metrics`` (with ``epoch`` and ``step``) under :attr:`dirpath`.
+
+        Args:
+            metrics: values for the template's fields.
+            filename: a template other than :attr:`filename` (``CHECKPOINT_NAME_LAST`` for ``last``).
+            ver: a version number to append (``-v1``), as the version counter does for a taken name.
+        """
+        template = filename or self.filename or "{epoch}-{step}"
         names: list[str] = []
         missing: list[str] = []
 
@@ -318,10 +470,13 @@ class ModelCheckpoint(Callback):
                 f"{'was' if len(missing) == 1 else 'were'} not logged (available: {', '.join(sorted(metrics))})."
             )
         name = text.format(**{f"m{i}": metrics[n] for i, n in enumerate(names)})
+        if ver is not None:
+            name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def find_last(self) -> str | None:
-        """The newest complete checkpoint in :attr:`dirpath`: ``last.ckpt``, else the newest other one.
+        """The newest complete checkpoint in :attr:`dirpath`: the newest ``last`` (``last.ckpt``, ``last-v1.ckpt`` …),
+        else the newest other one.
 
         A checkpoint a crash left incomplete or damaged is passed over (with a warning), so a resumed
         run starts from the newest one that is whole; ``None`` when there is none.
@@ -330,14 +485,20 @@ class ModelCheckpoint(Callback):
 
         if self.dirpath is None or not os.path.isdir(self.dirpath):
             return None
-        last = resolve(os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
-        candidates = [last] if last is not None else []
-        others = [
-            Path(self.dirpath, name)
-            for name in os.listdir(self.dirpath)
-            if name.endswith(self.FILE_EXTENSION) and not is_temporary(name)
+        last_name = re.compile(
+            rf"{re.escape(self.CHECKPOINT_NAME_LAST)}({re.escape(self.CHECKPOINT_JOIN_CHAR)}v\d+)?"
+            rf"{re.escape(self.FILE_EXTENSION)}"
+        )
+        names = [
+            n for n in os.listdir(self.dirpath) if n.endswith(self.FILE_EXTENSION) and not is_temporary(n)
         ]
-        candidates += sorted((p for p in others if p != last), key=_modified, reverse=True)
+        lasts = [found for n in names if last_name.fullmatch(n) and (found := resolve(Path(self.dirpath, n)))]
+        if not lasts:  # a crash may have left only the half-replaced form of last.ckpt
+            found = resolve(os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
+            lasts = [found] if found is not None else []
+        candidates = sorted(lasts, key=_modified, reverse=True)
+        others = [Path(self.dirpath, n) for n in names if not last_name.fullmatch(n)]
+        candidates += sorted((p for p in others if p not in candidates), key=_modified, reverse=True)
         for index, candidate in enumerate(candidates):
             if is_complete(candidate):
                 if index:
@@ -376,6 +537,13 @@ class ModelCheckpoint(Callback):
             self._recent = list(state_dict.get("recent", []))
             self._pending_removals = list(state_dict.get("pending_removals", []))
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+
+
+_ONE_PROCESS_ONLY = (
+    "{what} saves only in single-process runs: with {n} processes, an exception in one leaves the others "
+    "elsewhere in the loop, so no complete checkpoint can be written at that moment. Save periodically instead "
+    "(ModelCheckpoint(every_n_train_steps=...) or train_time_interval=...), or run in one process."
+)
 
 
 def _default_dirpath(trainer: Trainer) -> str:
