@@ -144,3 +144,21 @@ def test_progress_bar_is_silent_off_rank_zero(
     trainer.fit(Regression(), loader())
     assert "Epoch" not in capfd.readouterr().err
     assert not bar.is_enabled
+
+
+def test_progress_bar_takes_lightnings_refresh_rate(capfd: pytest.CaptureFixture[str]) -> None:
+    trainer = quiet_trainer(
+        max_epochs=1, enable_progress_bar=True, callbacks=[TQDMProgressBar(refresh_rate=4)]
+    )
+    trainer.fit(Regression(), loader())
+    err = capfd.readouterr().err
+    assert "4/8" in err and "8/8" in err  # redrawn every 4 batches, whatever the time
+    assert not any(f"{n}/8" in err for n in (1, 2, 3, 5, 6, 7))
+
+    off = TQDMProgressBar(0)  # Lightning's way to turn the bar off
+    quiet_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[off]).fit(Regression(), loader())
+    assert "Epoch" not in capfd.readouterr().err and not off.is_enabled
+    with pytest.raises(ValueError, match="give one"):
+        TQDMProgressBar(refresh_rate=2, refresh_interval=0.5)
+    with pytest.raises(ValueError, match="number of batches >= 1"):
+        TQDMProgressBar(refresh_rate=-1)

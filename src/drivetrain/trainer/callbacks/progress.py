@@ -48,7 +48,9 @@ class ProgressBar(Callback):
 class _Bar:
     """One tqdm bar with throttled redraws."""
 
-    def __init__(self, description: str, total: float, leave: bool, position: int, interval: float) -> None:
+    def __init__(
+        self, description: str, total: float, leave: bool, position: int, interval: float, every: int = 0
+    ) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -63,10 +65,15 @@ class _Bar:
         )
         self.pending = 0
         self.interval = interval
+        self.every = every
         self.next_draw = 0.0
 
     def advance(self, postfix: Any = None) -> None:
         self.pending += 1
+        if self.every:  # a batch count (Lightning's refresh_rate) instead of a time
+            if self.pending >= self.every:
+                self.draw(postfix, 0.0)
+            return
         now = time.monotonic()
         if now >= self.next_draw:
             self.draw(postfix, now)
@@ -93,15 +100,33 @@ class TQDMProgressBar(ProgressBar):
     """Bars for training epochs, validation, test and predict, drawn with ``tqdm`` on global rank 0.
 
     Args:
-        refresh_interval: the least time in seconds between two redraws.
+        refresh_rate: redraw every this many batches, as in Lightning (``0`` turns the bar off).
+            Unset, the bar redraws by time (``refresh_interval``), which costs less on fast steps.
         leave: keep each epoch's training bar on screen when the next begins.
+        refresh_interval: the least time in seconds between two redraws (when ``refresh_rate`` is unset).
     """
 
-    def __init__(self, refresh_interval: float = 0.1, leave: bool = True) -> None:
-        if refresh_interval < 0:
+    def __init__(
+        self, refresh_rate: int | None = None, leave: bool = True, *, refresh_interval: float | None = None
+    ) -> None:
+        if refresh_rate is not None:
+            if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
+                raise ValueError(
+                    f"TQDMProgressBar(refresh_rate={refresh_rate!r}); use a number of batches >= 1 (0 turns the bar "
+                    f"off), or refresh_interval=<seconds>."
+                )
+            if refresh_interval is not None:
+                raise ValueError(
+                    f"TQDMProgressBar(refresh_rate={refresh_rate}, refresh_interval={refresh_interval}): give one; "
+                    f"refresh_rate counts batches, refresh_interval seconds."
+                )
+        if refresh_interval is not None and refresh_interval < 0:
             raise ValueError(f"TQDMProgressBar(refresh_interval={refresh_interval}); use a value >= 0.")
-        self.refresh_interval = refresh_interval
+        self.refresh_rate = refresh_rate
+        self.refresh_interval = refresh_interval if refresh_interval is not None else 0.1
         self.leave = leave
+        if refresh_rate == 0:
+            self.disable()
         self._train: _Bar | None = None
         self._eval: _Bar | None = None
 
@@ -123,7 +148,14 @@ class TQDMProgressBar(ProgressBar):
         if not self._enabled:
             return
         total = trainer.num_training_batches
-        self._train = _Bar(f"Epoch {trainer.current_epoch}", total, self.leave, 0, self.refresh_interval)
+        self._train = _Bar(
+            f"Epoch {trainer.current_epoch}",
+            total,
+            self.leave,
+            0,
+            self.refresh_interval,
+            self.refresh_rate or 0,
+        )
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
@@ -143,7 +175,7 @@ class TQDMProgressBar(ProgressBar):
             return
         total = sum(lengths) if lengths else 0
         position = 1 if self._train is not None else 0
-        self._eval = _Bar(description, total, False, position, self.refresh_interval)
+        self._eval = _Bar(description, total, False, position, self.refresh_interval, self.refresh_rate or 0)
 
     def _advance_eval(self) -> None:
         if self._eval is not None:
