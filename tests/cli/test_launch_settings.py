@@ -191,7 +191,7 @@ def test_bad_settings_are_explained(
         main([str(SCRIPT) if a == "SCRIPT" else a for a in arguments])
 
 
-def test_a_config_file_with_settings_drivetrain_would_ignore_is_reported(
+def test_a_config_file_with_settings_drivetrain_cannot_honour_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from drivetrain.cli import launch_config
@@ -200,10 +200,10 @@ def test_a_config_file_with_settings_drivetrain_would_ignore_is_reported(
     path.write_text(
         "num_processes: 2\ndowncast_bf16: 'yes'\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
     )
-    with pytest.warns(
-        UserWarning, match=r"does not use downcast_bf16: 'yes'; fsdp_config \(choose the strategy"
+    with pytest.raises(
+        ValueError, match=r"cannot honour downcast_bf16: 'yes'; fsdp_config \(choose the strategy"
     ):
-        assert launch_config.load(path).num_processes == 2
+        launch_config.load(path)
     path.write_text("num_proceses: 2\n")
     with pytest.raises(ValueError, match="unknown setting 'num_proceses'"):
         launch_config.load(path)

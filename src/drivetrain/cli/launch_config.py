@@ -16,14 +16,14 @@ A YAML mapping with Accelerate's key names, so an ``accelerate config`` file wor
 
 The default file is ``$XDG_CONFIG_HOME/drivetrain/launch.yaml`` (``~/.config/drivetrain/launch.yaml``).
 Keys of Accelerate's that drivetrain has no use for are accepted at their neutral values; any
-other value for them is reported (a setting is never dropped silently).
+other value for them, and Accelerate's ``deepspeed_config``/``fsdp_config``/… sections, are an
+error (a setting is never dropped silently: choose the strategy in the script).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +141,10 @@ def load(path: Path) -> LaunchConfig:
                 f"{', '.join(sorted(NEUTRAL_KEYS))} at their defaults)."
             )
     if ignored:
-        warnings.warn(
-            f"{path}: drivetrain launch does not use {'; '.join(ignored)}. Remove them to silence this warning.",
-            UserWarning,
-            stacklevel=2,
+        # Not honoured here, so not accepted: a run without them would not be the run the file describes.
+        raise ValueError(
+            f"{path}: drivetrain launch cannot honour {'; '.join(ignored)}. Remove them from the file (the script "
+            f"chooses its strategy and precision options)."
         )
     return LaunchConfig(**values)
 
