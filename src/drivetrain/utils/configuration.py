@@ -8,7 +8,12 @@ from enum import Enum
 
 
 class DistributedType(str, Enum):
-    """How the processes of a run are organised (``Accelerator.distributed_type``)."""
+    """How the processes of a run are organised (``Accelerator.distributed_type``).
+
+    Every member of Accelerate's enum is here, so programs that compare against one run
+    unchanged; drivetrain reports only those of hardware and strategies it has (NO, MULTI_CPU,
+    MULTI_GPU, MULTI_XPU, MULTI_MPS, DEEPSPEED, FSDP, XLA).
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
@@ -18,6 +23,14 @@ class DistributedType(str, Enum):
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
+    # Accelerate's members for hardware and integrations drivetrain does not have: never reported.
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    MEGATRON_LM = "MEGATRON_LM"
 
 
 class PrecisionType(str, Enum):
