@@ -133,3 +133,19 @@ def test_loading_a_state_with_more_models_than_prepared_is_an_error(tmp_path: Pa
         ValueError, match=r"holds 2 models \(now: 1\): loading it would leave 'state_dict_1' unrestored"
     ):
         loader.load_state(tmp_path / "state")
+
+
+def test_save_state_refuses_to_leave_out_an_optimizer_that_was_not_prepared(tmp_path: Path) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    model = nn.Linear(2, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    forgotten = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    forgotten.step()
+    with pytest.raises(
+        ValueError, match=r"save_state\(\) would leave out Adam: it holds parameters of a prepared"
+    ):
+        accelerator.save_state(tmp_path / "state")
+    accelerator.register_for_checkpointing(forgotten)
+    accelerator.save_state(tmp_path / "state")  # registered: saved, so nothing is left out

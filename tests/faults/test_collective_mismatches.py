@@ -89,6 +89,18 @@ CASES = [
         STALL + 30,
     ),
     (
+        "save-on-one-rank",
+        "accelerator",
+        "script",
+        {"STALL_TIMEOUT": str(STALL), "DEBUG_COLLECTIVES": "1"},
+        "CollectiveStuckError",
+        # raised in rank 0's own thread, from the debug check's wait
+        [
+            r"\[rank0\]: drivetrain\.strategies\.collective_monitor\.CollectiveStuckError: Rank 0: a collective waited"
+        ],
+        STALL + 30,
+    ),
+    (
         "reduce-shapes",
         "accelerator",
         "script",
@@ -121,7 +133,8 @@ def test_a_collective_mismatch_ends_the_job_with_an_error_naming_the_ranks(
     assert f"{error}:" in err, err
     for pattern in expected:
         assert re.search(pattern, err), f"{pattern!r} not in:\n{err}"
-    report(f"{fault}: {door}, {mode}{' (debug)' if env.get('ACCELERATE_DEBUG_MODE') else ''}", 1, 1, seconds)
+    debug = " (debug mode)" if env.get("ACCELERATE_DEBUG_MODE") or env.get("DEBUG_COLLECTIVES") else ""
+    report(f"{fault}: {door}, {mode}{debug}", 1, 1, seconds)
     assert seconds < bound, f"the job took {seconds:.1f} s to end after the mismatch"
 
 

@@ -16,6 +16,7 @@ complete one.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import warnings
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
+from torch.optim import Optimizer
 
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
@@ -48,6 +50,8 @@ class Checkpointing(ProcessControl):
     _schedulers: list[PreparedScheduler]
     _dataloaders: list[PreparedDataLoader]
     _custom_objects: list[Any]
+    #: The prepared objects (ids) last found to leave no unprepared optimizer behind.
+    _optimizers_checked_for: tuple[int, ...] | None = None
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state."""
@@ -82,6 +86,7 @@ class Checkpointing(ProcessControl):
 
         _no_model_kwargs("save_state", kwargs)
         self._require_processes("save_state")
+        self._refuse_unprepared_optimizers()
         config = self.project_configuration
         automatic = output_dir is None
         directory = self._next_automatic_dir() if automatic else Path(output_dir)  # type: ignore[arg-type]
@@ -145,6 +150,27 @@ class Checkpointing(ProcessControl):
         if config.automatic_checkpoint_naming:
             config.iteration = int(loaded.entries["iteration"]) + 1
         return str(directory)
+
+    def _refuse_unprepared_optimizers(self) -> None:
+        """An optimizer that steps a prepared model but was never prepared would be left out silently.
+
+        Looked for at the first save_state after the prepared objects change (the search walks
+        every object of the process, ~0.1 s): training code makes its optimizers before then.
+        """
+        prepared = (*map(id, self._models), *map(id, self._optimizers), *map(id, self._custom_objects))
+        if self._optimizers_checked_for == prepared:
+            return
+        missing = _unprepared_optimizers(self._models, self._optimizers, self._custom_objects)
+        if not missing:
+            self._optimizers_checked_for = prepared
+        if missing:
+            names = ", ".join(type(optimizer).__name__ for optimizer in missing)
+            raise ValueError(
+                f"save_state() would leave out {names}: it holds parameters of a prepared model but was not passed "
+                f"to accelerator.prepare(), so a resumed run would restart it from scratch. Prepare it "
+                f"(model, optimizer = accelerator.prepare(model, optimizer)), or register it for checkpointing "
+                f"(accelerator.register_for_checkpointing(optimizer))."
+            )
 
     def _training_objects(self) -> TrainingObjects:
         from drivetrain.strategies.checkpointing import TrainingObjects
@@ -213,6 +239,27 @@ def _check_registered_objects(directory: Path, rest: dict[str, Any], registered:
             f"{', '.join(map(repr, sorted(saved)))} unrestored. Register the same objects, in the same order, "
             f"before load_state."
         )
+
+
+def _unprepared_optimizers(
+    models: list[nn.Module], prepared: list[Any], registered: list[Any]
+) -> list[Optimizer]:
+    """Live optimizers over a prepared model's parameters that are neither prepared nor registered.
+
+    The Accelerator only knows what went through ``prepare``; the garbage collector knows every
+    optimizer of the process. Looked up when a state is saved, never on the step path.
+    """
+    parameters = {id(p) for model in models for p in model.parameters()}
+    known = {id(p) for p in prepared} | {id(p.optimizer) for p in prepared} | {id(obj) for obj in registered}
+    return [
+        obj
+        for obj in gc.get_objects()
+        if issubclass(
+            type(obj), Optimizer
+        )  # type(), not isinstance: no attribute access on arbitrary objects
+        and id(obj) not in known
+        and any(id(p) in parameters for group in obj.param_groups for p in group["params"])
+    ]
 
 
 def _checkpoints_root(config: ProjectConfiguration) -> Path:

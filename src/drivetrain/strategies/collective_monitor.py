@@ -51,6 +51,7 @@ STALL_TIMEOUT = 120.0
 #: Default ``stall_timeout`` in debug mode.
 DEBUG_STALL_TIMEOUT = 10.0
 
+_monotonic = time.monotonic
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STRATEGIES = os.path.join(_PACKAGE, "strategies")
 _STDLIB = os.path.dirname(os.__file__)
@@ -105,8 +106,9 @@ class CollectiveMonitor:
         self.world_size = world_size
         self.debug = debug and store is not None and world_size > 1
         self.stall_timeout = stall_timeout
-        #: The collective this rank is in, while it runs.
-        self.current: InFlight | None = None
+        #: The collective this rank is in, while it runs: the fields of :class:`InFlight`, as a plain
+        #: tuple (cheapest to make; the watchdog makes the named tuple).
+        self.current: tuple[int, str, Any, FrameType | None, float] | None = None
         self._seq = 0
         self._on_stuck = on_stuck
         self._stop: threading.Event | None = None  # made by start(): an inert monitor stays picklable
@@ -120,11 +122,11 @@ class CollectiveMonitor:
         ``payload`` is what the fingerprint describes: a tensor (shape and dtype), a list of
         them, or a plain value such as a reduce op or a source rank.
         """
-        self._seq += 1
-        self.current = InFlight(self._seq, operation, payload, sys._getframe(2), time.monotonic())
+        self._seq = seq = self._seq + 1
+        self.current = (seq, operation, payload, sys._getframe(2), _monotonic())
         if self.debug:
             try:
-                self._exchange_fingerprints(self.current)
+                self._exchange_fingerprints(InFlight(*self.current))
             except BaseException:
                 self.current = None
                 raise
@@ -194,7 +196,8 @@ class CollectiveMonitor:
         while not stop.wait(TICK_SECONDS):
             now = time.monotonic()
             idle_for = activity.idle_for(now)
-            flight = self.current
+            current = self.current
+            flight = InFlight(*current) if current is not None else None
             waiting = flight is not None and now - flight.started >= CHECK_AFTER_SECONDS
             try:
                 if waiting:

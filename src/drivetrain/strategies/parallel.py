@@ -24,7 +24,7 @@ from drivetrain.strategies.collectives import (
 )
 from drivetrain.strategies.launchers.launcher import ProcessFailedError
 from drivetrain.strategies.launchers.parent_death import die_with_parent
-from drivetrain.strategies.launchers.store import host_store, is_loopback
+from drivetrain.strategies.launchers.store import check_resolvable, host_store, is_loopback
 from drivetrain.strategies.rank_failures import (
     is_lost_peer,
     read_failures,
@@ -282,6 +282,19 @@ class ParallelStrategy(Strategy):
             # torchrun every rank, rank 0 included, joins the store its agent already hosts.
             hosts = self.global_rank == 0 and not environment.uses_agent_store
             address = environment.main_address
+            if (
+                environment.creates_processes_externally
+                and self.world_size > 1
+                and environment.main_port == 0
+            ):
+                raise ValueError(
+                    f"RANK={self.global_rank} of WORLD_SIZE={self.world_size} must find rank 0's rendezvous, but "
+                    f"MASTER_PORT is not set ({type(environment).__name__} gives no port), so the processes cannot "
+                    f"meet. Set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port in every process, or "
+                    f"start the job with `drivetrain launch` or torchrun, which set them."
+                )
+            if not hosts:
+                check_resolvable(address, type(environment).__name__)
             if hosts:
                 # Loopback only when every rank connects through loopback anyway (one node).
                 spans_nodes = self.num_nodes > 1 or not is_loopback(address)
@@ -337,6 +350,11 @@ class ParallelStrategy(Strategy):
         error_file = environment.error_file
         if error_file:
             write_torchelastic_error_file(error_file, exception, record)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error this rank is leaving the job with (see :meth:`on_exception`), if any."""
+        return self._failure
 
     @property
     def stall_timeout(self) -> float | None:

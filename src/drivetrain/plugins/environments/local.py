@@ -121,11 +121,34 @@ class LocalEnvironment(ClusterEnvironment):
         """Check the trainer's ``devices``/``num_nodes`` against what a launcher announced.
 
         Raises:
-            ValueError: ``LOCAL_WORLD_SIZE`` differs from ``num_devices``, or ``WORLD_SIZE`` is not
-                ``LOCAL_WORLD_SIZE * num_nodes``.
+            ValueError: ``LOCAL_RANK`` is set without ``WORLD_SIZE`` (a leftover), or is not below
+                ``num_devices``; ``LOCAL_WORLD_SIZE`` differs from ``num_devices``; ``WORLD_SIZE`` is
+                not the number of processes the settings make.
         """
+        local = env.get_int("LOCAL_RANK")
+        total = env.get_int("WORLD_SIZE", minimum=1)
+        if local is not None:
+            if total is None and (local > 0 or num_devices * num_nodes > 1):
+                raise ValueError(
+                    f"LOCAL_RANK={local} is set, so this process looks started by a launcher, but WORLD_SIZE is not "
+                    f"(a launcher sets both): probably a leftover from another job, which would make this a job of one "
+                    f"process instead of devices={num_devices}. Unset LOCAL_RANK, or start the job with "
+                    f"`drivetrain launch` or torchrun."
+                )
+            if local >= num_devices:
+                raise ValueError(
+                    f"LOCAL_RANK={local} is out of range for devices={num_devices} (one process per device, local "
+                    f"ranks 0 to {num_devices - 1}). Start as many processes per node as devices, or pass devices= "
+                    f"to match the launcher."
+                )
         per_node = env.get_int("LOCAL_WORLD_SIZE", minimum=1)
         if per_node is None:
+            if local is not None and total is not None and total != num_devices * num_nodes:
+                raise ValueError(
+                    f"WORLD_SIZE={total} but devices={num_devices} and num_nodes={num_nodes} make "
+                    f"{num_devices * num_nodes} processes. Pass devices and num_nodes that multiply to WORLD_SIZE "
+                    f"(or devices='auto'), or start that many processes."
+                )
             return
         if per_node != num_devices:
             raise ValueError(
@@ -133,7 +156,6 @@ class LocalEnvironment(ClusterEnvironment):
                 f"devices={num_devices}. Pass devices={per_node}, or relaunch with {num_devices} processes "
                 "per node."
             )
-        total = env.get_int("WORLD_SIZE", minimum=1)
         if total is None or total == per_node * num_nodes:
             return
         if total % per_node:

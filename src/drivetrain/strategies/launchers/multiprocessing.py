@@ -22,7 +22,7 @@ from drivetrain._utilities.apply import move_to_device
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
-from drivetrain.strategies.launchers.store import host_store, store_address
+from drivetrain.strategies.launchers.store import check_resolvable, host_store, store_address
 from drivetrain.strategies.rank_failures import read_failures, root_cause
 
 if TYPE_CHECKING:
@@ -82,6 +82,8 @@ class MultiprocessingLauncher(Launcher):
             port = store.port
         elif port == 0:
             raise ValueError("Set MASTER_ADDR and MASTER_PORT to node 0's rendezvous on every node.")
+        else:
+            check_resolvable(environment.main_address, type(environment).__name__)
         # Rank 0 pickles its result into a file: a pipe would block a large result until the parent
         # reads it, and torch's shared-memory tensor passing dies with the process that sent it.
         with tempfile.TemporaryDirectory(prefix="drivetrain-launch-") as scratch:

@@ -71,3 +71,20 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def check_resolvable(address: str, who: str) -> None:
+    """``ValueError`` within seconds if ``address`` does not resolve (the store would retry for its whole timeout).
+
+    Args:
+        address: rank 0's host, where the rendezvous store listens.
+        who: the cluster environment that gave it, for the message.
+    """
+    try:
+        socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError) as error:
+        reason = error.strerror if isinstance(error, socket.gaierror) else str(error)
+        raise ValueError(
+            f"MASTER_ADDR={address!r} does not resolve to an address ({reason}); {who} gives it as rank 0's host. "
+            f"Set MASTER_ADDR to rank 0's host name or IP address, reachable from every node."
+        ) from None

@@ -242,6 +242,20 @@ class SubprocessScriptLauncher(Launcher):
 
     def _at_exit(self) -> None:
         self._exiting = True
+        if self._strategy.failure is not None and not self._stopping:
+            # This rank leaves with an uncaught error (launch() handles those it sees). Name the root
+            # cause first: the error may only be a broken connection to a child that failed first,
+            # whose report the watcher has not made yet (stopping the children silences it). Then
+            # stop them: they cannot finish without this rank, and may sit in a collective whose
+            # connections stay open as long as this process lives.
+            cause = self._root_cause()
+            with self._lock:
+                report = cause is not None and self._failure is None
+                if report:
+                    self._failure = cause
+            if report:
+                _log.error(f"[drivetrain] {cause}; stopping the other ranks.", main_process_only=False)
+            self.stop_children()
         # This process is done. Leaving the process group releases children that still wait on rank 0.
         if dist.is_initialized():
             try:
