@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 import drivetrain as dt
-from drivetrain.data import batch_length, batch_mover, concatenate_batches, pad_batch, slice_batch
+from drivetrain.accelerators import CPUAccelerator
+from drivetrain.data import batch_length, concatenate_batches, pad_batch, slice_batch
 from drivetrain.strategies import SingleDeviceStrategy
 
 
@@ -54,13 +55,24 @@ def test_batch_length_needs_something_to_count() -> None:
         batch_length({"scale": torch.tensor(1.0), "name": "x"})
 
 
+def test_on_the_cpu_there_is_no_mover_at_all() -> None:
+    assert dt.connect(accelerator="cpu").batch_mover() is None  # nothing runs per batch
+
+
 def test_the_mover_returns_batches_already_on_the_device_untouched() -> None:
-    move = batch_mover(dt.connect(accelerator="cpu"))
-    batch = [torch.ones(2), torch.zeros(2)]
+    # A device other than the CPU without faking any hardware: the meta device.
+    move = SingleDeviceStrategy(torch.device("meta"), accelerator=CPUAccelerator()).batch_mover()
+    assert move is not None
+    batch = [torch.ones(2, device="meta"), torch.zeros(2, device="meta")]
     assert move(batch) is batch
+    single = torch.ones(1, device="meta")
+    assert move(single) is single
+    assert move(torch.ones(1)).device.type == "meta"
     nested = {"a": (torch.ones(1),), "b": "text"}
     moved = move(nested)
-    assert moved is not nested and moved["b"] == "text" and torch.equal(moved["a"][0], torch.ones(1))
+    assert moved is not nested and moved["b"] == "text" and moved["a"][0].device.type == "meta"
+    mixed = (torch.ones(1, device="meta"), torch.ones(1))
+    assert all(t.device.type == "meta" for t in move(mixed))
 
 
 def test_a_strategy_that_overrides_batch_to_device_is_always_asked() -> None:
@@ -71,7 +83,8 @@ def test_a_strategy_that_overrides_batch_to_device_is_always_asked() -> None:
             calls.append(batch)
             return batch
 
-    move = batch_mover(dt.connect(accelerator="cpu", strategy=Tagging()))
+    move = dt.connect(accelerator="cpu", strategy=Tagging()).batch_mover()
+    assert move is not None
     batch = [torch.ones(1)]
     move(batch)
     assert calls == [batch]

@@ -243,7 +243,7 @@ def test_two_processes_agree_on_each_epochs_order() -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("door", ["accelerator"])
+@pytest.mark.parametrize("door", ["accelerator", "trainer"])
 def test_the_workers_of_two_ranks_draw_different_numbers(door: str) -> None:
     """Worker processes cannot start inside the test's rank processes: a real two-process program."""
     result = run_script([str(Path(__file__).parent / "scripts" / "seeded_workers.py"), door], timeout=120)

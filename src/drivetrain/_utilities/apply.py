@@ -55,3 +55,24 @@ def move_to_device(data: Any, device: torch.device | str, non_blocking: bool = T
         return t.to(device, non_blocking=non_blocking and device.type != "cpu")
 
     return apply_to_collection(data, torch.Tensor, move)
+
+
+def device_mover(device: torch.device, move: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A per-step function putting a batch on ``device``: ``move(batch)``, skipped when it is there.
+
+    Batches that are a tensor, or a flat tuple/list of tensors, already on ``device`` come back
+    as they are after a few attribute reads; everything else goes through ``move``.
+    """
+
+    def to_device(batch: Any) -> Any:
+        kind = type(batch)
+        if kind is tuple or kind is list:
+            for item in batch:
+                if type(item) is not torch.Tensor or item.device != device:
+                    return move(batch)
+            return batch
+        if kind is torch.Tensor:
+            return batch if batch.device == device else batch.to(device, non_blocking=True)
+        return move(batch)
+
+    return to_device

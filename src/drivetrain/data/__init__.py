@@ -6,11 +6,17 @@ Shared by the front doors: :func:`prepare_data_loader` turns a user's ``DataLoad
 (:class:`WorkerSeeder`).
 """
 
-from drivetrain.data.batches import batch_length, batch_mover, concatenate_batches, pad_batch, slice_batch
+from drivetrain.data.batches import batch_length, concatenate_batches, pad_batch, slice_batch
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader, ShardedDataLoader
-from drivetrain.data.prepare import prepare_data_loader, skip_first_batches, uses_distributed_sampler
+from drivetrain.data.passthrough import PassThroughBatches
+from drivetrain.data.prepare import (
+    can_prepare,
+    prepare_data_loader,
+    skip_first_batches,
+    uses_distributed_sampler,
+)
 from drivetrain.data.rng import RNG_TYPES, validate_rng_types
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder, epoch_seed
@@ -20,13 +26,14 @@ __all__ = [
     "ActiveLoaders",
     "DispatchingDataLoader",
     "IterableDatasetShard",
+    "PassThroughBatches",
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "ShardedBatchSampler",
     "ShardedDataLoader",
     "WorkerSeeder",
     "batch_length",
-    "batch_mover",
+    "can_prepare",
     "concatenate_batches",
     "epoch_seed",
     "pad_batch",

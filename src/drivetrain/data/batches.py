@@ -1,9 +1,9 @@
-"""Operations on collated batches: length, slicing, concatenation, and moving them to a device.
+"""Operations on collated batches: length, slicing, concatenation.
 
 A collated batch is a tensor, a list of plain Python values (``default_collate`` keeps strings
 as a list), or a tuple, list, dict, named tuple or dataclass of those. Dispatching a batch from
-rank 0 needs to cut it into per-rank slices and glue batches together; the prepared loaders need
-to put every batch on the device quickly.
+rank 0 needs to cut it into per-rank slices and glue batches together. (Putting batches on the device is the
+strategy's: :meth:`~drivetrain.strategies.Strategy.batch_mover`.)
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
-from drivetrain.strategies.strategy import Strategy
 
 _SCALARS = (str, bytes, int, float, bool, type(None))
 
@@ -125,45 +123,3 @@ def pad_batch(batch: Any, source: Any, count: int) -> Any:
         parts.append(slice_batch(source, 0, take))
         count -= take
     return concatenate_batches(parts)
-
-
-def batch_mover(strategy: Strategy) -> Callable[[Any], Any]:
-    """A function that puts a batch on ``strategy.root_device``, as cheaply as possible per step.
-
-    Batches that are a tensor, or a flat tuple/list/dict of tensors, already on the device are
-    returned as they are after a few attribute reads; everything else goes through
-    :meth:`Strategy.batch_to_device` (always, when a strategy overrides it). Host-to-accelerator
-    copies are non-blocking (the core's ``move_to_device`` does that).
-    """
-    device = strategy.root_device
-    to_device = strategy.batch_to_device
-    if type(strategy).batch_to_device is not Strategy.batch_to_device:
-        return to_device
-
-    if device.type == "cpu":
-        # ``is_cpu`` is cheaper than building and comparing torch.device objects; this runs per batch.
-        def move_to_cpu(batch: Any) -> Any:
-            kind = type(batch)
-            if kind is tuple or kind is list:
-                for item in batch:
-                    if type(item) is not Tensor or not item.is_cpu:
-                        return to_device(batch)
-                return batch
-            if kind is Tensor:
-                return batch if batch.is_cpu else batch.to(device)
-            return to_device(batch)
-
-        return move_to_cpu
-
-    def move(batch: Any) -> Any:
-        kind = type(batch)
-        if kind is tuple or kind is list:
-            for item in batch:
-                if type(item) is not Tensor or item.device != device:
-                    return to_device(batch)
-            return batch
-        if kind is Tensor:
-            return batch if batch.device == device else batch.to(device)
-        return to_device(batch)
-
-    return move

@@ -221,6 +221,19 @@ class PreparedDataLoader(DataLoader):
         self._resume_at = batch
 
     @property
+    def next_epoch_start(self) -> int:
+        """This process's batch the next iteration begins with: 0, or where a resume put it."""
+        return self._resume_at or 0
+
+    def merge_process_results(self, per_process: Sequence[Sequence[Any]]) -> list[Any]:
+        """One result per batch from every process (``per_process[rank]``), in the order of the batches.
+
+        For loaders that deal whole batches round-robin, this undoes the dealing, so results of a
+        loader without ``shuffle`` come back in dataset order; otherwise process after process.
+        """
+        return [result for results in per_process for result in results]
+
+    @property
     def total_batch_size(self) -> int | None:
         """Items per step across all processes (``None`` when batch sizes vary)."""
         return self._total_batch_size
@@ -320,6 +333,18 @@ class ShardedDataLoader(PreparedDataLoader):
     def _final_padding(self) -> int:
         source = self.batch_sampler if hasattr(self.batch_sampler, "padding") else self.dataset
         return int(getattr(source, "padding", 0))
+
+    def merge_process_results(self, per_process: Sequence[Sequence[Any]]) -> list[Any]:
+        sharding = self.batch_sampler
+        dealt = getattr(sharding, "num_processes", 1) > 1 and not getattr(sharding, "split_batches", True)
+        if not dealt:
+            return super().merge_process_results(per_process)
+        # Process r holds batches r, r + n, r + 2n, ...: take one from each process in turn.
+        rounds = itertools.zip_longest(*per_process, fillvalue=_MISSING)
+        return [result for round_ in rounds for result in round_ if result is not _MISSING]
+
+
+_MISSING = object()
 
 
 def _epoch_targets(loader: DataLoader) -> list[Any]:

@@ -25,7 +25,6 @@ from torch.utils.data import (
 
 from drivetrain._utilities.seed import worker_seeding_requested
 from drivetrain.data import rng
-from drivetrain.data.batches import batch_mover
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader, ShardedDataLoader, loader_settings
@@ -126,7 +125,7 @@ def prepare_data_loader(
         "original": dataloader,
         "rng_types": names,
         "sampler_generator": sampler_generator,
-        "place": batch_mover(strategy) if device_placement else None,
+        "place": strategy.batch_mover() if device_placement else None,
         "active_loaders": active_loaders,
         **settings,
         "generator": dataloader.generator if dataloader.generator is not None else torch.Generator(),
@@ -161,6 +160,22 @@ def prepare_data_loader(
         batch_sampler, n, rank, split_batches=split_batches, even_batches=even_batches
     )
     return ShardedDataLoader(dataloader.dataset, batch_sampler=sharded, **common, **sizes)
+
+
+def can_prepare(loader: Any) -> bool:
+    """Whether :func:`prepare_data_loader` keeps everything ``loader`` does.
+
+    A prepared loader is rebuilt from the loader's dataset, samplers and settings, so a
+    ``DataLoader`` subclass that changes how it iterates (its own ``__iter__`` or ``__len__``)
+    would lose that: such loaders, and iterables that are not ``DataLoader``s, cannot be prepared.
+    """
+    if not isinstance(loader, DataLoader):
+        return False
+    kind = type(loader)
+    return all(getattr(kind, name) is getattr(DataLoader, name) for name in _ITERATION)
+
+
+_ITERATION = ("__iter__", "__len__", "_get_iterator")
 
 
 def _seedable(dataloader: DataLoader, seed: int, use_seedable_sampler: bool) -> tuple[Any, Any]:

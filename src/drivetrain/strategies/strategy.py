@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from drivetrain._utilities.apply import move_to_device
+from drivetrain._utilities.apply import device_mover, move_to_device
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.precision.precision import Precision
 from drivetrain.strategies.step_policy import (
@@ -257,6 +257,20 @@ class Strategy:
     # -- the per-step path -----------------------------------------------------------------
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         return move_to_device(batch, device or self.root_device)
+
+    def batch_mover(self) -> Callable[[Any], Any] | None:
+        """What puts each batch on :attr:`root_device` (the data loaders call it per batch).
+
+        :meth:`batch_to_device` when a strategy overrides it; ``None`` on the CPU, where batches
+        already are (nothing runs per step); otherwise a function that leaves batches already on
+        the device alone after a few attribute reads and moves the rest (non-blocking).
+        """
+        if type(self).batch_to_device is not Strategy.batch_to_device:
+            return self.batch_to_device
+        device = self.root_device
+        if device.type == "cpu":
+            return None
+        return device_mover(device, self.batch_to_device)
 
     def backward(self, tensor: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
         precision = self.precision

@@ -1,11 +1,11 @@
 """The Trainer's door to the core checkpoint (:mod:`drivetrain.strategies.checkpointing`).
 
 The core writes and reads the entries both doors share (model, optimizers, schedulers,
-precision, every process's generators). The Trainer adds ``"epoch"``, ``"global_step"``,
-``"hyper_parameters"``, ``"loops"`` (the fit progress, including the generators at the start of
-the epoch, which fix the data order), ``"callbacks"``, ``"results"`` (partly accumulated epoch
-metrics) and ``"datamodule"``, and lets ``on_save_checkpoint`` hooks add more. It also decides
-which checkpoint ``ckpt_path="last"``/``"best"`` means.
+precision, every process's generators and its training loader's state: the seeds its order
+comes from). The Trainer adds ``"epoch"``, ``"global_step"``, ``"hyper_parameters"``,
+``"loops"`` (the fit progress: the position in the epoch), ``"callbacks"``, ``"results"`` (partly
+accumulated epoch metrics) and ``"datamodule"``, and lets ``on_save_checkpoint`` hooks add more.
+It also decides which checkpoint ``ckpt_path="last"``/``"best"`` means.
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     if datamodule is not None and "datamodule" in rest:
         datamodule.load_state_dict(rest["datamodule"])
     trainer._pending_process = loaded.process
+    if loaded.process is not None:
+        _restore_training_position(trainer, loaded.process)
     trainer._restored = True
     trainer._hooks.call("on_load_checkpoint", {**rest, **loaded.entries})
 
@@ -136,11 +138,30 @@ def restore_weights(trainer: Trainer, path: str | Path) -> None:
     trainer._hooks.call("on_load_checkpoint", loaded.rest)
 
 
+def _restore_training_position(trainer: Trainer, process: dict[str, Any]) -> None:
+    """Make the training loader continue the epoch where the loop left it, in the same order.
+
+    The loader takes its seeds and generator states from this process's record; the position is
+    the loop's count, which the loader converts when the number of processes changed (see
+    ``docs/resuming.md``). The generators are restored later, when the fit loop starts.
+    """
+    progress = trainer._progress
+    loader = trainer._data.train_loader
+    saved = (process.get("dataloaders") or [{}])[0]
+    mid_epoch = not progress.epoch_finished and progress.batches_done > 0
+    loader.load_state_dict(
+        {**saved, "epoch": progress.epoch, "in_epoch": mid_epoch, "batches_yielded": progress.batches_done}
+    )
+    if mid_epoch:
+        progress.batches_done = loader.next_epoch_start
+
+
 def _objects(trainer: Trainer) -> TrainingObjects:
     return TrainingObjects(
         models=[trainer._model],
         optimizers=trainer._optimizers,
         schedulers=[config.scheduler for config in trainer._scheduler_configs],
+        dataloaders=[trainer._data.train_loader] if trainer._data.train_loader is not None else [],
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drivetrain.strategies.launchers.overrides import accumulation_steps
-from drivetrain.trainer.data import check_limit
+from drivetrain.trainer.data_connector import check_limit
 
 #: When neither max_epochs nor max_steps nor max_time is set.
 DEFAULT_MAX_EPOCHS = 1000

@@ -1,17 +1,27 @@
-"""Which loaders each stage uses: from the entry point's arguments, a DataModule, or the module.
+"""Which loaders each stage uses, prepared by the data layer for this process.
 
-The loaders are resolved, sharded for this rank and measured (under the ``limit_*_batches``
-settings) once per entry point, inside each process.
+Loaders come from the ``fit``/``validate``/… arguments, a :class:`DataModule`, or the module's
+own ``*_dataloader`` methods. They are resolved, prepared and measured (under the
+``limit_*_batches`` settings) once per entry point, inside each process, through
+:func:`drivetrain.data.prepare_data_loader` — the same sharding at the batch-sampler level as the
+Accelerator's: training loaders give every process an equal share (the last round is evened out
+with repeats, so the processes step together); evaluation and prediction loaders deal whole
+batches without repeats, so no sample counts twice and the prediction loop puts the results back
+in dataset order. ``Trainer(use_distributed_sampler=False)`` leaves the sharding to the user, and
+so does a ``DistributedSampler`` in the loader. Shuffling depends only on ``(seed, epoch)``.
+Anything else (a list of batches, a ``DataLoader`` subclass with its own iteration) is passed
+through unsharded (:class:`drivetrain.data.PassThroughBatches`).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-import torch
+from torch.utils.data import DataLoader, IterableDataset
 
-from drivetrain.trainer.data import as_loader_list, is_loader_list, limited_length, loader_length, shard
+from drivetrain.data import PassThroughBatches, PreparedDataLoader, can_prepare, prepare_data_loader
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.state import RunningStage, TrainerFn
@@ -140,16 +150,30 @@ class DataConnector:
     def _prepare(self, loader: Any, stage: RunningStage) -> Any:
         trainer = self.trainer
         strategy = trainer.strategy
-        sampler_kwargs = strategy.distributed_sampler_kwargs
-        if trainer._use_distributed_sampler and sampler_kwargs is not None and strategy.world_size > 1:
-            loader = shard(loader, stage, sampler_kwargs, self._shuffle_seed())
-        return strategy.process_dataloader(loader)
-
-    def _shuffle_seed(self) -> int:
-        # Every rank must shuffle with the same seed, or the shares overlap: take rank 0's.
-        if not hasattr(self, "_seed"):
-            self._seed = int(self.trainer.strategy.broadcast(torch.initial_seed() % (2**31)))
-        return self._seed
+        if can_prepare(loader):
+            prepared: Any = prepare_data_loader(
+                loader,
+                strategy,
+                even_batches=stage == RunningStage.TRAINING,
+                dispatch_batches=False,
+                # An iterable dataset is a stream only the user knows how to split.
+                shard=trainer._use_distributed_sampler and not isinstance(loader.dataset, IterableDataset),
+            )
+        else:
+            sharded = trainer._use_distributed_sampler and strategy.world_size > 1
+            if sharded and isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+                raise TypeError(
+                    f"The {stage.dataloader_prefix} dataloader is a {type(loader).__name__}, a DataLoader subclass "
+                    f"with its own iteration, which the Trainer cannot share between {strategy.world_size} "
+                    f"processes without losing it. Make it yield this process's share (rank "
+                    f"{strategy.global_rank} of {strategy.world_size}) and pass Trainer(use_distributed_sampler=False)."
+                )
+            prepared = PassThroughBatches(loader, strategy.batch_mover())
+        processed = strategy.process_dataloader(prepared)
+        if processed is not prepared and not isinstance(processed, (PreparedDataLoader, PassThroughBatches)):
+            # A strategy wrapped the loader: keep the interface the loops use (epochs, position).
+            processed = PassThroughBatches(processed, None)
+        return processed
 
     def eval_loaders(self, stage: RunningStage) -> tuple[list[Any], list[float]]:
         """The loaders of ``stage`` and how many batches of each to use."""
@@ -176,3 +200,52 @@ def _no_training_batches(loader: Any, limit: int | float) -> str:
         f"limit_train_batches={limit} is a fraction of {int(loader_length(loader))} batches that rounds down to 0. "
         f"Use a larger fraction or a number of batches."
     )
+
+
+def is_loader_list(value: Any) -> bool:
+    """Whether ``value`` is several loaders (rather than one iterable of batches)."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, DataLoader) for v in value)
+
+
+def as_loader_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if is_loader_list(value) else [value]
+
+
+def loader_length(loader: Any) -> float:
+    """``len(loader)``, or infinity for loaders without a length."""
+    try:
+        return float(len(loader))
+    except TypeError:
+        return math.inf
+
+
+def limited_length(loader: Any, limit: int | float, name: str) -> float:
+    """How many batches of ``loader`` a stage uses under ``limit`` (a count or a fraction)."""
+    length = loader_length(loader)
+    if isinstance(limit, int):
+        return float(min(limit, length))
+    if limit == 1.0:
+        return length
+    if math.isinf(length):
+        raise ValueError(
+            f"{name}={limit} is a fraction, but the loader has no length (an iterable dataset). Pass a number of "
+            f"batches instead ({name}=100), or 1.0 for all of it."
+        )
+    return float(int(length * limit))
+
+
+def check_limit(name: str, value: Any) -> int | float:
+    """Validate a ``limit_*_batches`` value: an int >= 0 or a float in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{name} expects an int (batches) or a float (fraction of the loader), got {value!r}."
+        )
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"{name}={value} is a fraction outside [0, 1]; use a float in [0, 1] or an int number of batches."
+        )
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name}={value} is negative; use 0 (skip this stage) or more batches.")
+    return value

@@ -66,10 +66,10 @@ class TrainerState:
 class FitProgress:
     """How far fitting has come: everything a checkpoint needs to continue from the next batch.
 
-    ``batches_done`` counts the batches of ``epoch`` already trained on; ``epoch_rng`` holds the
-    random generators as they were when the epoch's data iterator was created, so a resumed run
-    recreates the same shuffled order; ``validation_pending`` says a validation was due after the
-    last finished batch and has not run yet; ``validations_run`` counts the validations of this fit.
+    ``batches_done`` counts the batches of ``epoch`` already trained on (a resumed run continues
+    with the next one; the order is the training loader's, which depends only on the seed and the
+    epoch); ``validation_pending`` says a validation was due after the last finished batch and has
+    not run yet; ``validations_run`` counts the validations of this fit.
 
     ``is_last_batch`` and ``epoch_ending`` describe the moment, not the position, and are not saved.
     The Trainer owns this object; others read it through :class:`FitProgressView`.
@@ -79,7 +79,6 @@ class FitProgress:
     global_step: int = 0
     batches_done: int = 0
     total_batches: int = 0
-    epoch_rng: dict[str, Any] | None = None
     validation_pending: bool = False
     epoch_finished: bool = False
     validations_run: int = 0

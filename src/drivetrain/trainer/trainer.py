@@ -81,7 +81,9 @@ class Trainer(TrainerProperties):
         deterministic: ``torch.use_deterministic_algorithms`` for the run (``"warn"``: warn only).
         benchmark: ``torch.backends.cudnn.benchmark`` for the run.
         fast_dev_run: run n batches (``True``: 1) of every stage, without loggers or checkpoints.
-        use_distributed_sampler: shard the loaders across processes automatically.
+        use_distributed_sampler: share each loader's batches between the processes (training:
+            equal shares, so they step together; evaluation and prediction: no batch twice).
+            ``False`` leaves it to the loaders, as does a ``DistributedSampler`` in one.
         inference_mode: evaluate under ``torch.inference_mode`` (else ``torch.no_grad``).
 
     Example:
@@ -195,7 +197,6 @@ class Trainer(TrainerProperties):
         self._optimization = Optimization(self)
         self._hooks: Any = None
         self._train_results: ResultCollection = None  # type: ignore[assignment]  # created by each fit
-        self._batch_to_device: Any = None
         self._ckpt_path: str | None = None
         self._ckpt_request: str | None = None
         self._ckpt_path_set: str | None = None  # trainer.ckpt_path = ...: used when an entry point names none
@@ -413,7 +414,6 @@ class Trainer(TrainerProperties):
                 self._model, self._optimizers, self._scheduler_configs = setup_model(
                     self, with_optimizers=fitting, restoring=self._ckpt_path is not None
                 )
-                self._batch_to_device = _batch_mover(strategy)
                 self._train_results = (
                     ResultCollection(True, *_collectives(strategy)) if fitting else self._train_results
                 )
@@ -565,12 +565,3 @@ def _collectives(strategy: Strategy) -> tuple[Any, Any]:
     if strategy.world_size > 1:
         return strategy.all_reduce, strategy.all_gather_object
     return None, None
-
-
-def _batch_mover(strategy: Strategy) -> Any:
-    """``strategy.batch_to_device``, or ``None`` when it has nothing to do (CPU, not overridden)."""
-    from drivetrain.strategies.strategy import Strategy
-
-    if strategy.root_device.type == "cpu" and type(strategy).batch_to_device is Strategy.batch_to_device:
-        return None
-    return strategy.batch_to_device

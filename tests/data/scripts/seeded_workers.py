@@ -53,7 +53,7 @@ class Recorder(dt.TrainingModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.batches.append(batch)
-        return self.layer(batch[1].unsqueeze(1)).sum()
+        return self.layer(batch[1].float().unsqueeze(1)).sum()
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.0)

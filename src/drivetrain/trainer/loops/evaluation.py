@@ -70,7 +70,6 @@ class EvaluationLoop:
         step = step_function(trainer, f"{prefix}_step")
         batch_start = getattr(hooks, f"on_{prefix}_batch_start")
         batch_end = getattr(hooks, f"on_{prefix}_batch_end")
-        to_device = trainer._batch_to_device
         several = len(loaders) > 1
         if several:
             _check_takes_dataloader_idx(getattr(module, f"{prefix}_step"), f"{prefix}_step", len(loaders))
@@ -87,8 +86,6 @@ class EvaluationLoop:
                     for batch_idx, batch in enumerate(loader):
                         if batch_idx >= length:
                             break
-                        if to_device is not None:
-                            batch = to_device(batch)
                         results.mark += 1
                         results.batch = batch
                         if batch_start is not None:

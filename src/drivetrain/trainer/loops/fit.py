@@ -20,8 +20,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
-from drivetrain.trainer.data import resumed_iterator, set_sampler_epoch
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.state import RunningStage
 
@@ -124,7 +122,7 @@ class FitLoop:
                 results.batch_level = False
                 hooks.call("on_train_epoch_start")
             results.batch_level = True
-            self._run_batches(self._epoch_iterator(resuming))
+            self._run_batches(self._epoch_iterator())
             results.batch_level = False
             progress.is_last_batch = False
             progress.epoch_ending = True
@@ -153,26 +151,13 @@ class FitLoop:
         progress.batches_done = 0
         progress.epoch_finished = False
         progress.epoch_ending = False
-        progress.epoch_rng = None
 
-    def _epoch_iterator(self, resuming: bool) -> Iterator[Any]:
-        trainer = self.trainer
-        progress = trainer._progress
-        loader = trainer._data.train_loader
-        if resuming:
-            # Recreate the epoch's order from the generators as they were at its start, skip the
-            # batches already trained on, then continue with the generators as the checkpoint left them.
-            resume_states = capture_rng_states(trainer.strategy)
-            if progress.epoch_rng is not None:
-                restore_rng_states(trainer.strategy, progress.epoch_rng)
-            set_sampler_epoch(loader, progress.epoch)
-            iterator = resumed_iterator(
-                loader, progress.batches_done, lambda: restore_rng_states(trainer.strategy, resume_states)
-            )
-        else:
-            set_sampler_epoch(loader, progress.epoch)
-            progress.epoch_rng = capture_rng_states(trainer.strategy)
-            iterator = iter(loader)
+    def _epoch_iterator(self) -> Iterator[Any]:
+        loader = self.trainer._data.train_loader
+        # The order depends only on (seed, epoch); a resumed epoch starts where the checkpoint's
+        # position put the loader (restored with the checkpoint), without loading the batches before.
+        loader.set_epoch(self.trainer._progress.epoch)
+        iterator = iter(loader)
         if math.isinf(self.num_batches):
             return self._flag_last(iterator)
         return iterator
@@ -202,7 +187,6 @@ class FitLoop:
         metrics = trainer._metrics
         optimization = trainer._optimization
         step = optimization.step
-        to_device = trainer._batch_to_device
         limit = self.num_batches
         max_steps = settings.max_steps if settings.max_steps != -1 else math.inf
         log_every = settings.log_every_n_steps
@@ -214,8 +198,6 @@ class FitLoop:
         for batch in iterator:
             if batch_idx >= limit:
                 break
-            if to_device is not None:
-                batch = to_device(batch)
             results.mark += 1
             results.batch = batch
             # The data's last batch closes an accumulation window early (the step policy's rule).

@@ -1,8 +1,9 @@
 """The prediction loop: ``predict_step`` over every batch, outputs gathered from all ranks in order.
 
-Each rank predicts a contiguous share of the data (see :mod:`drivetrain.trainer.data`), so
-rank 0's outputs followed by rank 1's … are in dataset order; the lists are gathered to every
-rank at the end.
+Each rank predicts its share of the batches (dealt round-robin by the data layer, no batch
+twice); the per-batch outputs are gathered to every rank at the end and the loader puts them back
+in the order of its batches (:meth:`~drivetrain.data.PreparedDataLoader.merge_process_results`),
+which is dataset order for a loader that does not shuffle.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class PredictionLoop:
         trainer._model.eval()
         step = step_function(trainer, "predict_step")
         batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
-        to_device = trainer._batch_to_device
         several = len(loaders) > 1
         outputs: list[list[Any]] = []
         hooks.call("on_predict_start")
@@ -46,8 +46,6 @@ class PredictionLoop:
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= length:
                         break
-                    if to_device is not None:
-                        batch = to_device(batch)
                     if batch_start is not None:
                         batch_start(batch, batch_idx, dataloader_idx)
                     output = step(batch, batch_idx, *extra)
@@ -60,14 +58,14 @@ class PredictionLoop:
         hooks.call("on_predict_end")
         if not self.return_predictions:
             return None
-        outputs = [self._gather(collected) for collected in outputs]
+        outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, outputs)]
         return outputs if several else (outputs[0] if outputs else [])
 
-    def _gather(self, collected: list[Any]) -> list[Any]:
+    def _gather(self, loader: Any, collected: list[Any]) -> list[Any]:
         strategy = self.trainer.strategy
         if strategy.world_size == 1:
             return collected
         from drivetrain._utilities.apply import move_to_device
 
         gathered = strategy.all_gather_object(move_to_device(collected, "cpu"))
-        return [output for rank_outputs in gathered for output in rank_outputs]
+        return loader.merge_process_results(gathered)
