@@ -80,6 +80,20 @@ def loader_settings(dataloader: DataLoader) -> dict[str, Any]:
     return settings
 
 
+def check_epoch(epoch: Any) -> int:
+    """``epoch`` if it is an epoch number (an int >= 0), else the ``ValueError`` ``set_epoch`` raises."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}.")
+    return epoch
+
+
+def check_batch_count(batch: Any) -> int:
+    """``batch`` if it is a number of batches to skip (an int >= 0), else a ``ValueError``."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        raise ValueError(f"The number of batches to skip must be an int >= 0, got {batch!r}.")
+    return batch
+
+
 class PreparedDataLoader(DataLoader):
     """Base of the prepared loaders; see the module docstring. Built by
     :func:`~drivetrain.data.prepare_data_loader`, not directly."""
@@ -208,17 +222,13 @@ class PreparedDataLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch number given to epoch-aware samplers and datasets (like ``DistributedSampler``)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}.")
-        self._epoch = epoch
+        self._epoch = check_epoch(epoch)
         for set_epoch in self._epoch_aware:
             set_epoch(epoch)
 
     def start_next_epoch_at(self, batch: int) -> None:
         """Make the next iteration begin with this process's ``batch``-th batch (0-based), once."""
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-            raise ValueError(f"The number of batches to skip must be an int >= 0, got {batch!r}.")
-        self._resume_at = batch
+        self._resume_at = check_batch_count(batch)
 
     @property
     def next_epoch_start(self) -> int:

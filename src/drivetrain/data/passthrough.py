@@ -15,6 +15,8 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from drivetrain.data.loader import check_batch_count, check_epoch
+
 
 class PassThroughBatches:
     """``batches`` iterated as they are; see the module docstring.
@@ -55,9 +57,7 @@ class PassThroughBatches:
 
     def set_epoch(self, epoch: int) -> None:
         """Tell the epoch to the epoch-aware parts of the batches (a ``DistributedSampler``, say)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}.")
-        self._epoch = epoch
+        self._epoch = check_epoch(epoch)
         batch_sampler = getattr(self.batches, "batch_sampler", None)
         targets: list[Any] = []
         for candidate in (
@@ -75,9 +75,7 @@ class PassThroughBatches:
 
     def start_next_epoch_at(self, batch: int) -> None:
         """Make the next iteration begin with the ``batch``-th batch (0-based), once."""
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-            raise ValueError(f"The number of batches to skip must be an int >= 0, got {batch!r}.")
-        self._resume_at = batch
+        self._resume_at = check_batch_count(batch)
 
     @property
     def next_epoch_start(self) -> int:
