@@ -34,7 +34,7 @@ returns. Reading is safe by default (``weights_only``); see :mod:`drivetrain.plu
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,6 +176,8 @@ def read_checkpoint(
     weights_only: bool = True,
     opt_out: str = "weights_only=False",
     models_only: bool = False,
+    strict: bool = True,
+    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> LoadedCheckpoint:
     """Restore ``objects`` (and the door's live entries) from ``path``; every process calls it.
 
@@ -187,6 +189,10 @@ def read_checkpoint(
         weights_only: read safely (the default); ``False`` unpickles anything (trusted files only).
         opt_out: how the caller's user turns safe loading off, named in a refusal.
         models_only: restore the models only (evaluation from a training checkpoint).
+        strict: with ``models_only``, ``False`` loads weights whose keys differ from the model's
+            (``load_state_dict(strict=False)``; the Trainer passes the module's ``strict_loading``).
+        translate: turns a single-file checkpoint of another schema (Lightning's) into this one
+            before anything is restored; such a checkpoint may lack the per-process records.
 
     Raises:
         FileNotFoundError: nothing was published at ``path``.
@@ -207,10 +213,16 @@ def read_checkpoint(
     try:
         # weights_only is passed only when it differs from the default: a user strategy's
         # load_state may predate the argument.
-        if weights_only:
-            rest = strategy.load_state(located, live, strict=True)
+        strict = strict or not models_only  # resuming needs every entry; only the weights may differ
+        if translate is not None:
+            checkpoint = translate(strategy.load_checkpoint(located, weights_only=weights_only))
+            if PROCESSES not in checkpoint:
+                live.pop(PROCESSES, None)
+            rest = strategy._checkpoint_into_state(checkpoint, live, strict)
+        elif weights_only:
+            rest = strategy.load_state(located, live, strict=strict)
         else:
-            rest = strategy.load_state(located, live, strict=True, weights_only=False)
+            rest = strategy.load_state(located, live, strict=strict, weights_only=False)
     except UnsafeCheckpointError as error:
         raise error.with_opt_out(opt_out) from None
     except KeyError:
@@ -220,7 +232,10 @@ def read_checkpoint(
     process = None
     if not models_only:
         _check_counts(located, live[META], objects)
-        process = state_for_rank(live[PROCESSES], strategy.global_rank, strategy.world_size, source=str(path))
+        if PROCESSES in live:
+            process = state_for_rank(
+                live[PROCESSES], strategy.global_rank, strategy.world_size, source=str(path)
+            )
     return LoadedCheckpoint(
         path=located, process=process, entries={name: live[name] for name in door_entries}, rest=rest
     )

@@ -91,6 +91,13 @@ def save_checkpoint(trainer: Trainer, path: str | Path, weights_only: bool = Fal
 
 def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     """Load everything a resumed fit needs; the generators are restored later, when the loop starts."""
+    if not trainer._module.strict_loading:
+        raise ValueError(
+            f"{type(trainer._module).__name__}.strict_loading is False, but resuming fit(ckpt_path='{path}') needs "
+            f"the checkpoint's weights to match the model exactly (with the optimizer states that belong to them). "
+            f"Load differing weights with load_from_checkpoint(..., strict=False) and start a new fit, or set "
+            f"strict_loading = True."
+        )
     try:
         loaded = read_checkpoint(
             trainer.strategy,
@@ -99,6 +106,7 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
             {"loops": None},
             weights_only=trainer._ckpt_weights_only,
             opt_out=_opt_out(trainer),
+            translate=_translator(trainer, path, training=True),
         )
     except KeyError as error:
         raise ValueError(
@@ -134,6 +142,8 @@ def restore_weights(trainer: Trainer, path: str | Path) -> None:
         weights_only=trainer._ckpt_weights_only,
         opt_out=_opt_out(trainer),
         models_only=True,
+        strict=trainer._module.strict_loading,
+        translate=_translator(trainer, path, training=False),
     )
     trainer._hooks.call("on_load_checkpoint", loaded.rest)
 
@@ -154,6 +164,19 @@ def _restore_training_position(trainer: Trainer, process: dict[str, Any]) -> Non
     )
     if mid_epoch:
         progress.batches_done = loader.next_epoch_start
+
+
+def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
+    """Lightning's schema -> ours, for a checkpoint PyTorch Lightning wrote; ``None`` for our own."""
+    from drivetrain.trainer import lightning_checkpoint
+
+    located = resolve(path)
+    if located is None or not lightning_checkpoint.is_lightning_checkpoint(located):
+        return None
+    keys = {callback.state_key for callback in trainer.callbacks}
+    return lambda checkpoint: lightning_checkpoint.translate(
+        checkpoint, training=training, source=str(path), callback_keys=keys
+    )
 
 
 def _objects(trainer: Trainer) -> TrainingObjects:

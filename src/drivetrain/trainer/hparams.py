@@ -130,7 +130,7 @@ def load_module_from_checkpoint(
     cls: type,
     checkpoint_path: str | Path,
     map_location: Any,
-    strict: bool,
+    strict: bool | None,
     overrides: dict[str, Any],
     weights_only: bool | None = None,
 ) -> Any:
@@ -163,5 +163,5 @@ def load_module_from_checkpoint(
     model = cls(**hparams)
     model.configure_model()
     model.on_load_checkpoint(checkpoint)
-    model.load_state_dict(checkpoint["state_dict"], strict=strict)
+    model.load_state_dict(checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict)
     return model

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim import Optimizer
 
 from drivetrain._utilities import console
 from drivetrain.trainer.hparams import AttributeDict, collect_hyperparameters, load_module_from_checkpoint
+from drivetrain.trainer.module_tools import ModuleTools
 
 if TYPE_CHECKING:
     from drivetrain.loggers.logger import Logger
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound="TrainingModule")
 
 
-class TrainingModule(nn.Module):
+class TrainingModule(ModuleTools):
     """A model plus its training recipe, for :class:`~drivetrain.Trainer`.
 
     Example:
@@ -47,6 +48,20 @@ class TrainingModule(nn.Module):
         ...         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
     """
 
+    # Properties torch.jit.script must not compile (they reach the Trainer or hold Python objects).
+    __jit_unused_properties__: list[str] = [
+        "trainer",
+        "device",
+        "global_step",
+        "current_epoch",
+        "global_rank",
+        "local_rank",
+        "logger",
+        "loggers",
+        "hparams",
+        "example_input_array",
+    ]
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: ``False`` to step optimizers yourself in ``training_step`` (``self.optimizers()``, ``self.manual_backward``).
@@ -61,12 +76,12 @@ class TrainingModule(nn.Module):
     def trainer(self) -> Trainer:
         """The Trainer running this module; an error outside a Trainer run."""
         trainer = self.__dict__.get("_trainer")
-        if trainer is None:
+        if trainer is None and not self.__dict__.get("_jit_is_scripting", False):
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer: self.trainer exists only while "
                 f"Trainer.fit/validate/test/predict runs it."
             )
-        return trainer
+        return trainer  # type: ignore[return-value]  # None only while to_torchscript inspects the class
 
     @property
     def device(self) -> torch.device:
@@ -353,7 +368,7 @@ class TrainingModule(nn.Module):
         cls: type[M],
         checkpoint_path: str | Path,
         map_location: Any = None,
-        strict: bool = True,
+        strict: bool | None = None,
         weights_only: bool | None = None,
         **kwargs: Any,
     ) -> M:
@@ -361,6 +376,7 @@ class TrainingModule(nn.Module):
 
         The file is read safely (``weights_only`` ``None``/``True``); ``weights_only=False``
         unpickles anything, which can run code from it: only for checkpoints you trust.
+        ``strict=None`` follows the module's :attr:`strict_loading` (default ``True``).
         """
         return load_module_from_checkpoint(cls, checkpoint_path, map_location, strict, kwargs, weights_only)
 

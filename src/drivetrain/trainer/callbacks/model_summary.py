@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 from drivetrain.trainer.summary_table import format_table
@@ -35,25 +38,90 @@ def _human(count: float) -> str:
     return f"{count:.1f} P"
 
 
-def summarize(module: nn.Module, max_depth: int = 1) -> str:
-    """A table of ``module``'s submodules down to ``max_depth`` with their parameter counts, and totals."""
+def _shape(value: Any) -> Any:
+    """A tensor's size as a list; sizes of the tensors in a tuple or list; ``"?"`` for anything else."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (list, tuple)):
+        return [_shape(item) for item in value]
+    return "?"
+
+
+def _sizes(
+    module: nn.Module, layers: list[tuple[str, nn.Module]], example: Any, precision: Any
+) -> dict[str, tuple[Any, Any]]:
+    """Each layer's input and output sizes when ``module`` runs ``example`` (eval mode, no gradients).
+
+    The run goes through ``precision`` (its input conversion and forward context) like a training step.
+    """
+    sizes: dict[str, tuple[Any, Any]] = {}
+
+    def record(name: str) -> Any:
+        def hook(_: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            sizes.setdefault(name, (_shape(args[0] if len(args) == 1 else list(args)), _shape(output)))
+
+        return hook
+
+    handles = [layer.register_forward_hook(record(name)) for name, layer in layers]
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    example = move_to_device(example, device)
+    if precision is not None:
+        example = precision.convert_input(example)
+    mode = module.training
+    try:
+        module.eval()
+        with (
+            torch.no_grad(),
+            precision.forward_context() if precision is not None else contextlib.nullcontext(),
+        ):
+            if isinstance(example, dict):
+                output = module(**example)
+            elif isinstance(example, tuple):
+                output = module(*example)
+            else:
+                output = module(example)
+    finally:
+        module.train(mode)
+        for handle in handles:
+            handle.remove()
+    sizes[""] = (_shape(example), _shape(output))
+    return sizes
+
+
+def _plain(module: nn.Module) -> bool:
+    """Whether every parameter is whole here: a sharded one (FSDP, ZeRO-3) cannot run on one process alone."""
+    return all(type(p.data) is torch.Tensor and not hasattr(p, "ds_id") for p in module.parameters())
+
+
+def summarize(module: nn.Module, max_depth: int = 1, example_input: Any = None, precision: Any = None) -> str:
+    """A table of ``module``'s submodules down to ``max_depth`` with their parameter counts, and totals.
+
+    With ``example_input`` (the module's ``example_input_array``), the module runs it once and the
+    table shows each layer's input and output sizes (``"?"`` for a layer the run did not reach).
+    """
+    layers = [
+        (name, child) for name, child in module.named_modules() if name and name.count(".") + 1 <= max_depth
+    ]
+    sizes = _sizes(module, layers, example_input, precision) if example_input is not None else None
     rows: list[tuple[Any, ...]] = []
-    for name, child in module.named_modules():
-        depth = name.count(".") + 1 if name else 0
-        if 0 < depth <= max_depth:
-            trainable, frozen = _count(child)
-            rows.append(
-                (
-                    len(rows),
-                    name,
-                    type(child).__name__,
-                    _human(trainable + frozen),
-                    "train" if child.training else "eval",
-                )
-            )
+    for name, child in layers:
+        trainable, frozen = _count(child)
+        row: tuple[Any, ...] = (
+            len(rows),
+            name,
+            type(child).__name__,
+            _human(trainable + frozen),
+            "train" if child.training else "eval",
+        )
+        if sizes is not None:
+            row += tuple(str(size) for size in sizes.get(name, ("?", "?")))
+        rows.append(row)
     trainable, frozen = _count(module)
     size_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 1e6
-    table = format_table(["", "Name", "Type", "Params", "Mode"], rows) if rows else "(no submodules)"
+    header = ["", "Name", "Type", "Params", "Mode"] + (["In sizes", "Out sizes"] if sizes is not None else [])
+    table = format_table(header, rows) if rows else "(no submodules)"
+    if sizes is not None:
+        table += f"\nInput: {sizes[''][0]}  Output: {sizes[''][1]}"
     totals = (
         f"{_human(trainable):>10}  trainable params\n{_human(frozen):>10}  non-trainable params\n"
         f"{_human(trainable + frozen):>10}  total params\n{size_mb:>10.3f}  total estimated model params size (MB)"
@@ -77,4 +145,8 @@ class ModelSummary(Callback):
         if not trainer.is_global_zero:
             return
         depth = 10**6 if self.max_depth == -1 else self.max_depth
-        _log.info(summarize(pl_module, depth))
+        example = pl_module.example_input_array
+        if example is not None and not _plain(pl_module):
+            _log.info("The model summary shows no layer sizes: the parameters are sharded across processes.")
+            example = None
+        _log.info(summarize(pl_module, depth, example, trainer.precision_plugin))

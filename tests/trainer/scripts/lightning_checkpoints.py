@@ -1,0 +1,78 @@
+"""Writes checkpoints with real PyTorch Lightning (run by the peers' interpreter, not drivetrain's).
+
+Usage: python lightning_checkpoints.py OUT_DIR. Writes ``OUT_DIR/epoch_end.ckpt`` (after epoch 1 of
+a 2-epoch fit, at the epoch end) and ``OUT_DIR/mid_epoch.ckpt`` (after 3 steps of epoch 1).
+The module mirrors ``trainer_models.Regression`` (same parameter names and hyperparameters).
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regression(pl.LightningModule):
+    def __init__(
+        self, features: int = 4, lr: float = 0.05, dropout: float = 0.0, optimizer: str = "adam"
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(features, 8), nn.Dropout(dropout), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class StopMidEpoch(pl.Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 1 and batch_idx == 2:
+            trainer.save_checkpoint(self.out / "mid_epoch.ckpt")
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=generator)
+    y = x @ torch.arange(1.0, 5.0).unsqueeze(1) + 0.1 * torch.randn(64, 1, generator=generator)
+    data = DataLoader(TensorDataset(x, y), batch_size=8)
+    pl.seed_everything(0)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=out / "run", monitor="val_loss", save_last=True)
+    stopping = pl.callbacks.EarlyStopping(monitor="val_loss", patience=5)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint, stopping, StopMidEpoch(out)],
+        default_root_dir=out,
+    )
+    trainer.fit(Regression(), data, data)
+    shutil.copy(checkpoint.last_model_path, out / "epoch_end.ckpt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
