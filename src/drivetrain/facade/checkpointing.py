@@ -20,12 +20,12 @@ import gc
 import os
 import re
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities import paths
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 
@@ -89,18 +89,19 @@ class Checkpointing(ProcessControl):
         self._refuse_unprepared_optimizers()
         config = self.project_configuration
         automatic = output_dir is None
-        directory = self._next_automatic_dir() if automatic else Path(output_dir)  # type: ignore[arg-type]
+        directory = self._next_automatic_dir() if automatic else paths.normalize(output_dir)  # type: ignore[arg-type]
+        paths.check(directory)
         strategy = self.strategy
         entries = checkpoint_entries(strategy, self._training_objects(), door="accelerator")
         entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
         entries["accumulation_step"] = self.gradient_state.step
         entries["iteration"] = config.iteration
-        write_checkpoint(strategy, directory / STATE_FILE, entries)
+        write_checkpoint(strategy, paths.join(directory, STATE_FILE), entries)
         if automatic:
             if self.is_main_process:
-                _prune_automatic(directory.parent, keep=config.total_limit, newest=directory)
+                _prune_automatic(paths.parent(directory), keep=config.total_limit, newest=directory)
             config.iteration += 1
-        return str(directory)
+        return directory
 
     def load_state(
         self,
@@ -127,8 +128,8 @@ class Checkpointing(ProcessControl):
         weights_only = _weights_only(load_kwargs)
         self._require_processes("load_state")
         config = self.project_configuration
-        directory = self._latest_automatic_dir() if input_dir is None else Path(input_dir)
-        if resolve(directory / STATE_FILE) is None:
+        directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
+        if resolve(paths.join(directory, STATE_FILE)) is None:
             raise FileNotFoundError(
                 f"No drivetrain training state in '{directory}' (expected '{STATE_FILE}' inside, written by "
                 f"Accelerator.save_state). Pass the directory save_state wrote."
@@ -137,7 +138,7 @@ class Checkpointing(ProcessControl):
         door.update({"accumulation_step": 0, "iteration": 0})
         loaded = read_checkpoint(
             self.strategy,
-            directory / STATE_FILE,
+            paths.join(directory, STATE_FILE),
             self._training_objects(),
             door,
             weights_only=weights_only,
@@ -183,7 +184,7 @@ class Checkpointing(ProcessControl):
         )
 
     # -- automatic naming ---------------------------------------------------------------------
-    def _next_automatic_dir(self) -> Path:
+    def _next_automatic_dir(self) -> str:
         from drivetrain.plugins.io.atomic import remove
 
         config = self.project_configuration
@@ -193,8 +194,8 @@ class Checkpointing(ProcessControl):
                 "ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir."
             )
         root = _checkpoints_root(config)
-        target = root / f"checkpoint_{config.iteration}"
-        if target.exists():
+        target = paths.join(root, f"checkpoint_{config.iteration}")
+        if paths.exists(target):
             if _holds_complete_state(target):
                 raise ValueError(
                     f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
@@ -206,7 +207,7 @@ class Checkpointing(ProcessControl):
             self.strategy.barrier("drivetrain.Accelerator.save_state.clear")
         return target
 
-    def _latest_automatic_dir(self) -> Path:
+    def _latest_automatic_dir(self) -> str:
         config = self.project_configuration
         if not config.automatic_checkpoint_naming:
             raise ValueError(
@@ -218,10 +219,10 @@ class Checkpointing(ProcessControl):
         for index, path in enumerate(existing):
             if _holds_complete_state(path):
                 if index and self.is_main_process:
-                    skipped = ", ".join(f"'{p.name}'" for p in existing[:index])
+                    skipped = ", ".join(f"'{paths.name(p)}'" for p in existing[:index])
                     warnings.warn(
                         f"Skipping incomplete automatic checkpoint(s) {skipped} under '{root}' (a save was "
-                        f"interrupted); loading '{path.name}'.",
+                        f"interrupted); loading '{paths.name(path)}'.",
                         UserWarning,
                         stacklevel=3,
                     )
@@ -229,7 +230,7 @@ class Checkpointing(ProcessControl):
         raise FileNotFoundError(f"No complete automatic checkpoint under '{root}' to load.")
 
 
-def _check_registered_objects(directory: Path, rest: dict[str, Any], registered: int) -> None:
+def _check_registered_objects(directory: str, rest: dict[str, Any], registered: int) -> None:
     """Refuse a state with more registered objects than are registered now: a subset would load silently."""
     saved = [key for key in rest if _CUSTOM.match(key)]
     if saved:
@@ -262,30 +263,33 @@ def _unprepared_optimizers(
     ]
 
 
-def _checkpoints_root(config: ProjectConfiguration) -> Path:
+def _checkpoints_root(config: ProjectConfiguration) -> str:
     if config.project_dir is None:
         raise ValueError(
             "Automatic checkpoint naming needs a project directory: Accelerator(project_dir=...) or "
             "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
         )
-    return Path(config.project_dir) / "checkpoints"
+    return paths.join(config.project_dir, "checkpoints")
 
 
-def _existing(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_DIR.match(p.name))]
+def _existing(root: str) -> list[tuple[int, str]]:
+    """The automatic checkpoint folders under ``root`` (local or remote), oldest first."""
+    found = [
+        (int(m.group(1)), paths.join(root, name))
+        for name in paths.listdir(root)
+        if (m := _CHECKPOINT_DIR.match(name))
+    ]
     return sorted(found)
 
 
-def _holds_complete_state(directory: Path) -> bool:
+def _holds_complete_state(directory: str) -> bool:
     from drivetrain.plugins.io.atomic import is_complete, resolve
 
-    path = resolve(directory / STATE_FILE)
+    path = resolve(paths.join(directory, STATE_FILE))
     return path is not None and is_complete(path)
 
 
-def _prune_automatic(root: Path, keep: int | None, newest: Path) -> None:
+def _prune_automatic(root: str, keep: int | None, newest: str) -> None:
     """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
     from drivetrain.plugins.io.atomic import remove
 

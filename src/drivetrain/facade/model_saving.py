@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from drivetrain._utilities import paths
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PrecisionForward
 
@@ -65,8 +65,9 @@ class ModelSaving(ProcessControl):
         safe_serialization: bool = True,
     ) -> None:
         """Save ``model``'s weights to ``save_directory`` (``model.safetensors``, sharded past ``max_shard_size``)."""
-        directory = Path(save_directory)
-        if directory.is_file():
+        directory = paths.normalize(save_directory)
+        paths.check(directory)
+        if paths.isfile(directory):
             raise ValueError(f"save_model expects a directory, but '{directory}' is a file.")
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
@@ -74,18 +75,18 @@ class ModelSaving(ProcessControl):
 
 
 def save_object(obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-    """Write ``obj`` to ``f`` crash-safely, with ``torch.save`` or as safetensors."""
+    """Write ``obj`` to ``f`` (local or remote) crash-safely, with ``torch.save`` or as safetensors."""
     from drivetrain.plugins.io.atomic import write_file
 
     if safe_serialization:
-        write_file(f, lambda tmp: _write_safetensors(obj, tmp))
+        write_file(f, lambda file: _write_safetensors(obj, file))
     else:
-        write_file(f, lambda tmp: torch.save(obj, tmp))
+        write_file(f, lambda file: torch.save(obj, file))
 
 
-def _write_safetensors(obj: Any, path: Path) -> None:
+def _write_safetensors(obj: Any, file: IO[bytes]) -> None:
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
     except ImportError:
         raise ImportError(
             "safe_serialization=True needs the 'safetensors' package: pip install safetensors (or pass "
@@ -96,7 +97,7 @@ def _write_safetensors(obj: Any, path: Path) -> None:
             "safe_serialization=True writes a dict of tensors (a state dict); got "
             f"{type(obj).__name__}. Pass safe_serialization=False to save other objects with torch.save."
         )
-    save_file(_unshared(obj), str(path), metadata={"format": "pt"})
+    file.write(save(_unshared(obj), metadata={"format": "pt"}))
 
 
 def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -139,11 +140,11 @@ def parse_size(size: int | str) -> int:
 
 
 def write_model(
-    state_dict: dict[str, torch.Tensor], directory: Path, max_shard_size: int | str, safe_serialization: bool
+    state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str, safe_serialization: bool
 ) -> None:
-    """Write a state dict as one file, or as shards with an index, in Hugging Face's layout."""
+    """Write a state dict as one file, or as shards with an index, in Hugging Face's layout (local or remote)."""
     limit = parse_size(max_shard_size)
-    directory.mkdir(parents=True, exist_ok=True)
+    paths.makedirs(directory)
     stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -155,13 +156,21 @@ def write_model(
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_object(shards[0], directory / f"{stem}{suffix}", safe_serialization)
+        save_object(shards[0], paths.join(directory, f"{stem}{suffix}"), safe_serialization)
         return
     weight_map = {}
     for number, shard in enumerate(shards, start=1):
         filename = f"{stem}-{number:05d}-of-{len(shards):05d}{suffix}"
-        save_object(shard, directory / filename, safe_serialization)
+        save_object(shard, paths.join(directory, filename), safe_serialization)
         weight_map.update(dict.fromkeys(shard, filename))
     total = sum(t.numel() * t.element_size() for t in state_dict.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / f"{stem}{suffix}.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    text = json.dumps(index, indent=2, sort_keys=True).encode()
+    save_bytes(text, paths.join(directory, f"{stem}{suffix}.index.json"))
+
+
+def save_bytes(data: bytes, f: str) -> None:
+    """Write ``data`` to ``f`` crash-safely."""
+    from drivetrain.plugins.io.atomic import write_file
+
+    write_file(f, lambda file: file.write(data))

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from drivetrain._utilities.paths import is_remote
+
 
 @dataclass(frozen=True)
 class PendingCheckpoint:
@@ -53,6 +55,13 @@ class CheckpointUploads:
         for extra in (getattr(callback, "last_model_path", ""), getattr(callback, "best_model_path", "")):
             if extra and extra not in paths:
                 paths.append(extra)
+        remote = [path for path in paths if is_remote(path)]
+        if remote:
+            raise ValueError(
+                f"log_model uploads checkpoint files from the local disk, but the checkpoints are on remote storage "
+                f"('{remote[0]}'). Save checkpoints to a local folder (ModelCheckpoint(dirpath=...)) to upload them, "
+                f"or turn log_model off."
+            )
         found = [(path, _stamp(path)) for path in paths if os.path.exists(path)]
         found = [(path, stamp) for path, stamp in found if self._uploaded.get(path) != stamp]
         best = getattr(callback, "best_model_path", "")

@@ -27,7 +27,7 @@ from typing import IO, Any, ClassVar, TypeVar
 
 import torch
 
-from drivetrain._utilities import imports
+from drivetrain._utilities import imports, paths
 from drivetrain._utilities.rank_zero import global_rank
 
 __all__ = [
@@ -187,7 +187,8 @@ class FolderLogger(Logger):
     ) -> None:
         if not isinstance(save_dir, (str, Path)):
             raise TypeError(f"save_dir= expects a path, got {type(save_dir).__name__} ({save_dir!r}).")
-        self._save_dir = os.fspath(save_dir)
+        self._save_dir = paths.normalize(save_dir)
+        paths.check(self._save_dir)  # an s3:// folder without s3fs is reported here, not at the first write
         self._name = name or ""
         self._version = check_version(version)
         self._prefix = prefix
@@ -199,7 +200,7 @@ class FolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
+            self._version = next_version(paths.join(self._save_dir, self._name))
         return self._version
 
     @property
@@ -209,33 +210,39 @@ class FolderLogger(Logger):
     @property
     def root_dir(self) -> str:
         """``save_dir/name``: where the versions of this experiment live."""
-        return os.path.join(self._save_dir, self._name)
+        return paths.join(self._save_dir, self._name)
 
     @property
     def log_dir(self) -> str:
         return run_directory(self._save_dir, self._name, self.version)
 
-    # -- files in the run folder: every file a folder logger touches goes through these, so that
-    # -- another storage (fsspec, for remote paths) means changing this class alone.
+    # -- files in the run folder: every file a folder logger touches goes through these. A
+    # -- ``save_dir`` with a scheme (s3://...) is remote storage, reached through fsspec.
     def file_path(self, name: str) -> str:
         """The path of the file ``name`` in :attr:`log_dir`."""
-        return os.path.join(self.log_dir, name)
+        return paths.join(self.log_dir, name)
 
     def make_log_dir(self) -> None:
         """Create :attr:`log_dir` (and its parents) if missing."""
-        os.makedirs(self.log_dir, exist_ok=True)
+        paths.makedirs(self.log_dir)
 
     def file_exists(self, name: str) -> bool:
-        return os.path.exists(self.file_path(name))
+        return paths.exists(self.file_path(name))
 
     def open_file(self, name: str, mode: str = "r") -> IO[Any]:
         """Open ``name`` in :attr:`log_dir` (text modes with ``newline=""``, as the csv module wants)."""
-        return open(self.file_path(name), mode, newline="" if "b" not in mode else None)
+        if "b" in mode:
+            return paths.open_file(self.file_path(name), mode)
+        return paths.open_file(self.file_path(name), mode, newline="")
 
     def write_file_atomically(self, name: str, text: str) -> None:
         """Replace ``name`` with ``text`` in one step: readers see the old content or the new, never half."""
         self.make_log_dir()
         path = self.file_path(name)
+        if paths.is_remote(path):
+            with paths.open_file(path, "w") as file:  # an object appears whole when its upload completes
+                file.write(text)
+            return
         tmp = f"{path}.tmp"
         with open(tmp, "w") as file:
             file.write(text)
@@ -249,14 +256,13 @@ class FolderLogger(Logger):
 
 
 def next_version(root: str | Path) -> int:
-    """The first ``N`` such that ``root/version_N`` does not exist yet (0 for a new experiment)."""
-    root = Path(root)
-    if not root.is_dir():
+    """The first ``N`` such that ``root/version_N`` does not exist yet (0 for a new experiment); local or remote."""
+    if not paths.isdir(root):
         return 0
     taken = []
-    for entry in root.iterdir():
-        match = re.fullmatch(r"version_(\d+)", entry.name)
-        if match and entry.is_dir():
+    for entry in paths.listdir(root):
+        match = re.fullmatch(r"version_(\d+)", entry)
+        if match and paths.isdir(paths.join(root, entry)):
             taken.append(int(match.group(1)))
     return max(taken) + 1 if taken else 0
 
@@ -264,8 +270,8 @@ def next_version(root: str | Path) -> int:
 def run_directory(save_dir: str | Path, name: str | None, version: int | str) -> str:
     """``save_dir/name/version_N`` (``version`` as given when it is a string)."""
     folder = version if isinstance(version, str) else f"version_{version}"
-    parts = [os.fspath(save_dir)] + ([name] if name else []) + [folder]
-    return os.path.join(*parts)
+    parts = ([name] if name else []) + [folder]
+    return paths.join(save_dir, *parts)
 
 
 def check_version(version: Any) -> int | str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from drivetrain._utilities.log import get_logger
+from drivetrain._utilities.paths import is_remote, join
 from drivetrain.loggers.checkpoint_upload import CheckpointUploads
 from drivetrain.loggers.logger import (
     DEFAULT_EXPERIMENT,
@@ -89,6 +90,12 @@ class MLFlowLogger(Logger):
                     "MLFlowLogger needs a tracking store: pass tracking_uri= (or set MLFLOW_TRACKING_URI), or "
                     "save_dir= for a local SQLite store."
                 )
+            if is_remote(save_dir):
+                raise ValueError(
+                    f"MLFlowLogger(save_dir={os.fspath(save_dir)!r}): without a tracking_uri MLflow keeps its runs in a "
+                    f"local SQLite store under save_dir, which cannot live on remote storage. Pass tracking_uri= (or set "
+                    f"MLFLOW_TRACKING_URI) for a tracking server, or give a local save_dir."
+                )
             self._local_dir = os.path.abspath(os.fspath(save_dir))
             tracking_uri = f"sqlite:///{os.path.join(self._local_dir, 'mlflow.db')}"
             if artifact_location is None:
@@ -111,7 +118,7 @@ class MLFlowLogger(Logger):
         """The experiment is the door's experiment name; the local store goes to ``save_dir/mlruns``."""
         options.setdefault("experiment_name", experiment)
         if save_dir is not None:
-            options.setdefault("save_dir", os.path.join(save_dir, "mlruns"))
+            options.setdefault("save_dir", join(save_dir, "mlruns"))
         return cls(**options)
 
     # -- identity ----------------------------------------------------------------------------

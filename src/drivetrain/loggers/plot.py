@@ -16,9 +16,9 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.imports import require
 
 __all__ = ["PlotResult", "build_figure", "metric_group", "plot_run", "read_run"]
@@ -75,16 +75,16 @@ def read_run(run: str | os.PathLike[str]) -> list[dict[str, float]]:
     Raises:
         FileNotFoundError: neither ``metrics.csv`` nor TensorBoard event files are there.
     """
-    path = Path(run)
-    csv_path = path if path.is_file() else path / METRICS_FILE
-    if csv_path.is_file():
-        with open(csv_path, newline="") as file:
+    path = paths.normalize(run)
+    csv_path = path if paths.isfile(path) else paths.join(path, METRICS_FILE)
+    if paths.isfile(csv_path):
+        with paths.open_file(csv_path, "r", newline="") as file:
             rows = [
                 {k: v for k, v in ((k, _number(v)) for k, v in row.items()) if v is not None}
                 for row in csv.DictReader(file)
             ]
         return [row for row in rows if "step" in row]
-    if path.is_dir() and any(path.glob("events.out.tfevents.*")):
+    if paths.isdir(path) and any(name.startswith("events.out.tfevents.") for name in paths.listdir(path)):
         return _read_events(path)
     raise FileNotFoundError(
         f"No logged metrics in '{run}': expected a metrics.csv (CSVLogger) or TensorBoard event files "
@@ -92,11 +92,13 @@ def read_run(run: str | os.PathLike[str]) -> list[dict[str, float]]:
     )
 
 
-def _read_events(folder: Path) -> list[dict[str, float]]:
+def _read_events(folder: str) -> list[dict[str, float]]:
     require("tensorboard", extra="tensorboard", feature="Plotting TensorBoard event files")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator = EventAccumulator(
+        folder, size_guidance={"scalars": 0}
+    )  # TensorBoard reads URLs through fsspec
     accumulator.Reload()
     by_step: dict[int, dict[str, float]] = {}
     rows: list[dict[str, float]] = []
@@ -193,10 +195,11 @@ def plot_run(run: str | os.PathLike[str], output: str | os.PathLike[str] | None 
         output: where the PNG goes.
     """
     rows = read_run(run)
-    source = Path(run)
-    folder = source.parent if source.is_file() else source
+    source = paths.normalize(run)
+    folder = paths.parent(source) if paths.isfile(source) else source
     figure, groups = build_figure(rows, title=str(folder))
-    target = Path(output) if output is not None else folder / PLOT_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, format="png", dpi=100, metadata={GROUPS_KEY: json.dumps(groups)})
+    target = paths.normalize(output) if output is not None else paths.join(folder, PLOT_FILE)
+    paths.makedirs(paths.parent(target))
+    with paths.open_file(target, "wb") as file:
+        figure.savefig(file, format="png", dpi=100, metadata={GROUPS_KEY: json.dumps(groups)})
     return PlotResult(str(target), groups)

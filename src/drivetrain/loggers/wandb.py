@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from drivetrain._utilities.log import get_logger
+from drivetrain._utilities.paths import is_remote
 from drivetrain._utilities.rank_zero import global_rank
 from drivetrain.loggers.checkpoint_upload import CheckpointUploads
 from drivetrain.loggers.logger import (
@@ -104,6 +105,11 @@ class WandbLogger(Logger):
         if save_dir is not None and dir is not None and os.fspath(save_dir) != os.fspath(dir):
             raise ValueError(f"WandbLogger(save_dir={save_dir!r}, dir={dir!r}) names two folders; give one.")
         folder = save_dir if save_dir is not None else dir
+        if folder is not None and is_remote(folder):
+            raise ValueError(
+                f"WandbLogger(save_dir={os.fspath(folder)!r}): save_dir is the local folder W&B keeps its run files "
+                f"in before syncing them, and cannot be remote storage. Give a local folder (or none: ./wandb)."
+            )
         self._save_dir = os.fspath(folder) if folder is not None else None
         self._project = project or DEFAULT_EXPERIMENT
         self._id = version if version is not None else id
@@ -124,7 +130,8 @@ class WandbLogger(Logger):
     def for_experiment(cls, *, save_dir: str | None, experiment: str, **options: Any) -> WandbLogger:
         """``project`` is the door's experiment name; W&B's folder is under ``save_dir`` when there is one."""
         options.setdefault("project", experiment)
-        if save_dir is not None and "dir" not in options:
+        # W&B's folder is a local staging area: a remote door folder (s3://...) leaves it at W&B's default.
+        if save_dir is not None and "dir" not in options and not is_remote(save_dir):
             options.setdefault("save_dir", save_dir)
         return cls(**options)
 

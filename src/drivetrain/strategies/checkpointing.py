@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities import paths
 from drivetrain.plugins.io.atomic import resolve
 from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
 from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
@@ -85,8 +86,9 @@ class TrainingObjects:
 class LoadedCheckpoint:
     """What :func:`read_checkpoint` found besides what it restored in place."""
 
-    #: Where the checkpoint was read from (the published path, or what a crash left in its place).
-    path: Path
+    #: Where the checkpoint was read from (the published path, or what a crash left in its place);
+    #: a URL string for remote storage.
+    path: Path | str
     #: This process's record (generators, loader positions), chosen by the resume policy.
     process: dict[str, Any] | None
     #: The door's entries as loaded (plain values; live objects were restored in place).
@@ -202,7 +204,8 @@ def read_checkpoint(
     """
     located = resolve(path)
     if located is None:
-        raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{Path(path).resolve()}').")
+        shown = path if paths.is_remote(path) else Path(path).resolve()
+        raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{shown}').")
     live: dict[str, Any] = {model_key(index): model for index, model in enumerate(objects.models)}
     if not models_only:
         live.update({optimizer_key(index): opt for index, opt in enumerate(objects.optimizers)})
@@ -241,7 +244,9 @@ def read_checkpoint(
     )
 
 
-def _explain_missing(strategy: Strategy, path: Path, objects: TrainingObjects, weights_only: bool) -> None:
+def _explain_missing(
+    strategy: Strategy, path: Path | str, objects: TrainingObjects, weights_only: bool
+) -> None:
     """Turn "no entry 'scheduler_1'" into "saved with 1 scheduler, 2 now" when the counts say so."""
     absent = object()
     probe: dict[str, Any] = {META: None, PROCESSES: absent}
@@ -277,7 +282,7 @@ def _counts(objects: TrainingObjects) -> dict[str, int]:
     }
 
 
-def _check_counts(path: Path, meta: Any, objects: TrainingObjects) -> None:
+def _check_counts(path: Path | str, meta: Any, objects: TrainingObjects) -> None:
     """Refuse a checkpoint with more models/optimizers/schedulers than are live: a subset would load silently."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(

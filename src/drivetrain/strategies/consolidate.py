@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from drivetrain._utilities import paths
+
 
 def checkpoint_kind(path: str | Path) -> str:
     """``"fsdp"`` for a DCP directory, ``"deepspeed"`` for a DeepSpeed engine checkpoint.
@@ -17,15 +19,14 @@ def checkpoint_kind(path: str | Path) -> str:
         FileNotFoundError: ``path`` does not exist.
         ValueError: it exists but is neither layout.
     """
-    path = Path(path)
-    if not path.exists():
+    if not paths.exists(path):
         raise FileNotFoundError(f"No checkpoint at {path}.")
     from drivetrain.strategies.deepspeed_checkpoint import is_deepspeed_checkpoint
     from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint
 
     if is_sharded_checkpoint(path):
         return "fsdp"
-    if is_deepspeed_checkpoint(path):
+    if not paths.is_remote(path) and is_deepspeed_checkpoint(Path(path)):
         return "deepspeed"
     raise ValueError(
         f"{path} is not a sharded checkpoint drivetrain knows: expected a directory written by "
@@ -34,13 +35,15 @@ def checkpoint_kind(path: str | Path) -> str:
     )
 
 
-def consolidate_checkpoint(source: str | Path, destination: str | Path, *, weights_only: bool = True) -> Path:
+def consolidate_checkpoint(
+    source: str | Path, destination: str | Path, *, weights_only: bool = True
+) -> str | Path:
     """Gather the sharded checkpoint in directory ``source`` into the single file ``destination``.
 
     Args:
-        source: a directory written by ``FSDPStrategy.save_state`` (sharded) or
-            ``DeepSpeedStrategy.save_state``.
-        destination: the file to write (its folder is created).
+        source: a directory written by ``FSDPStrategy.save_state`` (sharded; local or remote, e.g.
+            ``s3://bucket/run/last.ckpt``) or ``DeepSpeedStrategy.save_state`` (local).
+        destination: the file to write (its folder is created; local or remote).
         weights_only: read ``source`` safely (tensors, plain values and the known metadata
             classes only). ``False`` unpickles anything, which can run code from the files: only
             for checkpoints from a trusted source.
@@ -56,7 +59,7 @@ def consolidate_checkpoint(source: str | Path, destination: str | Path, *, weigh
         UnsafeCheckpointError: ``source`` holds objects safe loading refuses.
     """
     kind = checkpoint_kind(source)
-    if Path(destination).is_dir():
+    if paths.isdir(destination):
         raise ValueError(f"The destination {destination} is a directory; give the path of the file to write.")
     if kind == "fsdp":
         from drivetrain.strategies.fsdp_checkpoint import consolidate_fsdp_checkpoint

@@ -397,6 +397,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         partitions); the other entries of ``state`` ride along as DeepSpeed client state."""
         if storage_options is not None:
             raise TypeError("DeepSpeedStrategy.save_state does not take storage_options.")
+        _refuse_remote(path)
         from drivetrain.strategies.deepspeed_checkpoint import save_engine_state
 
         save_engine_state(self, path, state)
@@ -414,6 +415,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         Every file is read with ``weights_only=True`` (DeepSpeed's own checkpoint classes
         allowed) unless ``weights_only=False``.
         """
+        _refuse_remote(path)
         from drivetrain.strategies.deepspeed_checkpoint import load_engine_state
 
         return load_engine_state(self, path, state if state is not None else {}, strict, weights_only)
@@ -471,3 +473,15 @@ def _match_deepspeed_accelerator(device: torch.device) -> None:
         from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
         set_accelerator(CPU_Accelerator())
+
+
+def _refuse_remote(path: str | Path) -> None:
+    """DeepSpeed's engine writes and reads its folders with local file calls: a URL would become a local folder."""
+    from drivetrain._utilities import paths
+
+    if paths.is_remote(path):
+        raise ValueError(
+            f"'{os.fspath(path)}' is remote storage, but DeepSpeed's engine writes and reads checkpoint folders on a "
+            f"local (or mounted) file system only. Save to a local path and copy the folder, or use "
+            f"strategy='fsdp', whose sharded checkpoints go to remote storage directly."
+        )

@@ -16,13 +16,14 @@ loads on M.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities import paths
+from drivetrain.plugins.io.dcp import storage_writer
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO
 from drivetrain.strategies.checkpoint_folders import staged_folder
 
@@ -35,8 +36,8 @@ FORMAT = "drivetrain-fsdp-sharded"
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a directory written by DCP (it has DCP's ``.metadata``)."""
-    return (Path(path) / ".metadata").is_file()
+    """Whether ``path`` is a directory written by DCP (it has DCP's ``.metadata``); local or remote."""
+    return paths.isfile(paths.join(path, ".metadata"))
 
 
 def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]) -> None:
@@ -63,19 +64,19 @@ def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]
             values[name] = value
     header = {"format": FORMAT, "version": 1, "sharded": kinds, "values": values}
     with staged_folder(strategy, path, verify=verify_sharded) as staging:
-        dcp.save(sharded, checkpoint_id=os.fspath(staging))
+        dcp.save(sharded, storage_writer=storage_writer(staging))
         if strategy.is_global_zero:
             # Written here, synchronously (not through a background CheckpointIO): the folder is
             # verified and published right after.
-            TorchCheckpointIO().save_checkpoint(header, staging / STATE_FILE)
+            TorchCheckpointIO().save_checkpoint(header, paths.join(staging, STATE_FILE))
 
 
-def verify_sharded(folder: Path) -> None:
+def verify_sharded(folder: str | Path) -> None:
     """Raise unless ``folder`` holds readable DCP metadata, every shard it names, and the header file."""
     from drivetrain.plugins.io.safe_loading import check_torch_file, read_dcp_metadata
 
     read_dcp_metadata(folder)
-    check_torch_file(folder / STATE_FILE)
+    check_torch_file(paths.join(folder, STATE_FILE))
 
 
 def load_sharded(
@@ -88,7 +89,7 @@ def load_sharded(
     torch's plain unpickler (only for checkpoints from a trusted source).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -97,13 +98,12 @@ def load_sharded(
         set_optimizer_state_dict,
     )
 
-    from drivetrain.plugins.io.dcp import SafeFileSystemReader, SafeLoadPlanner, first_rank_error
+    from drivetrain.plugins.io.dcp import SafeLoadPlanner, first_rank_error, storage_reader
     from drivetrain.plugins.io.safe_loading import read_dcp_metadata
 
-    path = Path(path)
     if weights_only:
         read_dcp_metadata(path)  # every rank: a planted pickle or a missing shard fails here, not inside DCP
-    header = strategy.load_checkpoint(path / STATE_FILE, weights_only=weights_only)
+    header = strategy.load_checkpoint(paths.join(path, STATE_FILE), weights_only=weights_only)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(
             f"{path} is a DCP checkpoint, but not one drivetrain's FSDPStrategy wrote ({STATE_FILE})."
@@ -134,14 +134,12 @@ def load_sharded(
         else:
             targets[name] = get_optimizer_state_dict(strategy.module_for_optimizer(live), live)
     if targets:
-        if weights_only:
-            reader: Any = SafeFileSystemReader(os.fspath(path))
-            planner: Any = SafeLoadPlanner(path, allow_partial_load=not strict)
-        else:
-            reader, planner = (
-                FileSystemReader(os.fspath(path)),
-                DefaultLoadPlanner(allow_partial_load=not strict),
-            )
+        reader = storage_reader(path, weights_only=weights_only)
+        planner: Any = (
+            SafeLoadPlanner(path, allow_partial_load=not strict)
+            if weights_only
+            else DefaultLoadPlanner(allow_partial_load=not strict)
+        )
         with first_rank_error():
             dcp.load(targets, storage_reader=reader, planner=planner)
     options = StateDictOptions(strict=strict)
@@ -165,38 +163,21 @@ def load_sharded(
 
 def consolidate_fsdp_checkpoint(
     source: str | Path, destination: str | Path, weights_only: bool = True
-) -> Path:
+) -> str | Path:
     """Gather a sharded FSDP checkpoint into one ``torch.save`` file (runs in one process, no GPU).
 
     The file holds the same entries :meth:`FSDPStrategy.save_state` was given, as full tensors:
     modules as ordinary ``state_dict()`` s, optimizers as
     ``{"state": {parameter name: ...}, "param_groups": [...]}`` (load those on one device with
     ``torch.distributed.checkpoint.state_dict.set_optimizer_state_dict``), plain values as saved.
-    Read safely unless ``weights_only=False``.
+    Read safely unless ``weights_only=False``. Either path may be remote.
     """
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     from drivetrain.plugins.io.dcp import load_whole_dcp_folder
-    from drivetrain.plugins.io.safe_loading import load_torch_file, read_dcp_metadata
-    from drivetrain.plugins.io.torch_io import TorchCheckpointIO
+    from drivetrain.plugins.io.safe_loading import load_torch_file
 
-    source, destination = Path(source), Path(destination)
-    header = (
-        load_torch_file(source / STATE_FILE, weights_only=weights_only)
-        if (source / STATE_FILE).is_file()
-        else None
-    )
-    if weights_only:
-        read_dcp_metadata(source)
-        checkpoint = load_whole_dcp_folder(source)
-    else:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        scratch = destination.with_name(f".{destination.name}.dcp-{os.getpid()}.tmp")
-        try:
-            dcp_to_torch_save(source, scratch)
-            checkpoint = load_torch_file(scratch, map_location="cpu", weights_only=False)
-        finally:
-            scratch.unlink(missing_ok=True)
+    header_file = paths.join(source, STATE_FILE)
+    header = load_torch_file(header_file, weights_only=weights_only) if paths.isfile(header_file) else None
+    checkpoint = load_whole_dcp_folder(source, weights_only=weights_only)
     if header is not None:
         checkpoint.update(header["values"])
     TorchCheckpointIO().save_checkpoint(checkpoint, destination)

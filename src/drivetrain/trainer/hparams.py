@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from drivetrain._utilities import paths
+
 
 class AttributeDict(dict[str, Any]):
     """A dict whose keys are also attributes: ``hparams.lr`` is ``hparams["lr"]``."""
@@ -137,8 +139,8 @@ def load_module_from_checkpoint(
     """Build ``cls`` from the hyperparameters saved in a Trainer checkpoint and load its weights."""
     from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError, load_torch_file
 
-    path = Path(checkpoint_path)
-    if path.is_dir():
+    path = paths.normalize(checkpoint_path)
+    if paths.isdir(path):
         raise ValueError(
             f"'{path}' is a sharded checkpoint (a directory). load_from_checkpoint reads single-file checkpoints; "
             f"load it with Trainer.fit(model, ckpt_path=...) under the strategy that wrote it, or consolidate it "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from drivetrain._utilities import paths
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.properties import TrainerProperties
@@ -172,7 +173,10 @@ class Trainer(TrainerProperties):
         self._deterministic = deterministic
         self._benchmark = benchmark
         self._use_distributed_sampler = use_distributed_sampler
-        self._default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self._default_root_dir = (
+            paths.normalize(default_root_dir) if default_root_dir is not None else os.getcwd()
+        )
+        paths.check(self._default_root_dir)  # s3://... without s3fs, or an unknown scheme: reported here
         fast = self._settings.fast_dev_run > 0
         loggers = resolve_loggers(logger, self._default_root_dir)  # checked even when fast_dev_run drops them
         self._metrics = MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self))
@@ -341,9 +345,8 @@ class Trainer(TrainerProperties):
 
             ckpt_path = os.fspath(ckpt_path)
             if checkpointing.published(ckpt_path) is None:
-                raise FileNotFoundError(
-                    f"ckpt_path='{ckpt_path}' does not exist (resolved to '{Path(ckpt_path).resolve()}')."
-                )
+                shown = ckpt_path if paths.is_remote(ckpt_path) else Path(ckpt_path).resolve()
+                raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').")
         if ckpt_path == "best" and fn == TrainerFn.FITTING:
             raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
         if weights_only is not None and not isinstance(weights_only, bool):

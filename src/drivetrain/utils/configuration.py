@@ -6,6 +6,8 @@ import dataclasses
 import os
 from enum import Enum
 
+from drivetrain._utilities import paths
+
 
 class DistributedType(str, Enum):
     """How the processes of a run are organised (``Accelerator.distributed_type``).
@@ -85,13 +87,18 @@ class ProjectConfiguration:
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
         """Set ``project_dir``, and ``logging_dir`` too unless it was given."""
-        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        self.project_dir = paths.normalize(project_dir) if project_dir is not None else None
+        paths.check(self.project_dir)  # s3://... without s3fs, or an unknown scheme: reported here
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
-            self.project_dir = os.fspath(self.project_dir)
+            self.project_dir = paths.normalize(self.project_dir)
+            paths.check(self.project_dir)
+        if self.logging_dir is not None:
+            self.logging_dir = paths.normalize(self.logging_dir)
+            paths.check(self.logging_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and (isinstance(self.total_limit, bool) or self.total_limit < 1):

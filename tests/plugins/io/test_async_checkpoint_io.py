@@ -97,7 +97,7 @@ def test_a_tensor_saved_twice_stays_shared(tmp_path):
 
 def test_storage_options_are_rejected_at_once(tmp_path):
     io = AsyncCheckpointIO()
-    with pytest.raises(TypeError, match="takes no storage_options"):
+    with pytest.raises(TypeError, match="takes storage_options for remote paths"):
         io.save_checkpoint({"a": 1}, tmp_path / "c.ckpt", storage_options={"bucket": "b"})
     io.teardown()
 

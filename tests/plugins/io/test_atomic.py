@@ -105,12 +105,13 @@ def test_incomplete_files_and_folders_are_not_complete(tmp_path: Path, content: 
     assert not is_complete(tmp_path / "missing.ckpt")
 
 
-def test_remote_paths_are_refused_not_written_to_a_local_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_remote_paths_never_become_local_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="remote path"):
-        local_path("s3://bucket/run/last.ckpt")
+        local_path("s3://bucket/run/last.ckpt")  # local-only operations refuse URLs
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="remote path"):
-        TorchCheckpointIO().save_checkpoint({"a": 1}, "memory://run/last.ckpt")
+    io = TorchCheckpointIO()
+    io.save_checkpoint({"a": 1}, "memory://atomic-test/run/last.ckpt")
+    assert io.load_checkpoint("memory://atomic-test/run/last.ckpt") == {"a": 1}
+    io.remove_checkpoint("memory://atomic-test/run/last.ckpt")
+    assert resolve("memory://atomic-test/run/last.ckpt") is None
     assert os.listdir(tmp_path) == []

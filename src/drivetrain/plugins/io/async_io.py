@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
@@ -51,7 +52,7 @@ class AsyncCheckpointIO(CheckpointIO):
     ) -> None:
         """Snapshot ``checkpoint``'s tensors to CPU now and write it to ``path`` in the background."""
         self._raise_failed_saves()
-        if isinstance(self.checkpoint_io, TorchCheckpointIO):
+        if isinstance(self.checkpoint_io, TorchCheckpointIO) and not paths.is_remote(path):
             # Fail here, not one call later from the worker thread.
             reject_storage_options(self.checkpoint_io, storage_options)
         snapshot = _snapshot(checkpoint)

@@ -14,8 +14,13 @@ the verified new folder and the old one both exist, and :func:`resolve` (for rea
 never leaves half a checkpoint under a real name. :func:`tidy` removes what crashed writes left
 behind, except the temporary files this process is still writing (background saves).
 
-Only local paths are handled here; a path with a scheme (``s3://…``) is refused rather than
-written to a local folder named after the scheme.
+Remote paths (``s3://…``, any fsspec URL; see :mod:`drivetrain._utilities.paths`) follow the
+same order with what object stores offer. A file is written under its hidden partial key,
+verified, then moved to its name (an object appears whole or not at all, and an upload a crash
+interrupted never appears). A folder has no atomic rename there: it is written in place and
+completed by a marker object, :data:`COMPLETE_MARKER`, written last, after verification;
+readers (:func:`resolve`, :func:`is_complete`) take a remote folder only when its marker is
+there, and pruning deletes the marker first.
 """
 
 from __future__ import annotations
@@ -26,37 +31,46 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
+
+from drivetrain._utilities import paths
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.drivetrain-(?P<kind>partial|old|deleted)-(?P<token>[0-9a-f]{12})$")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+#: The object that completes a remote checkpoint folder (written last; readers require it).
+COMPLETE_MARKER = ".drivetrain-complete"
 
 # Temporary paths this process is writing right now (the background thread of AsyncCheckpointIO
 # may be writing one while the training thread tidies the same folder).
 _in_flight: set[str] = set()
 _in_flight_lock = threading.Lock()
 
+StorageOptions = Mapping[str, Any] | None
+
 
 def local_path(path: str | os.PathLike[str]) -> Path:
-    """``path`` as a local :class:`~pathlib.Path`; a URL is an error, never a folder named ``s3:``."""
-    text = os.fspath(path)
-    if _SCHEME.match(text):
-        raise ValueError(
-            f"'{text}' is a remote path; drivetrain writes checkpoints to the local file system only so far. "
-            f"Write to a local (or mounted) path and copy the result, or use a CheckpointIO that handles this "
-            f"storage."
-        )
-    return Path(text)
+    """``path`` as a local :class:`~pathlib.Path`, for operations that exist only on local disks.
+
+    Raises:
+        ValueError: ``path`` is remote (callers check :func:`~drivetrain._utilities.paths.is_remote`
+            first; a remote path must never become a local folder named ``s3:``).
+    """
+    if paths.is_remote(path):
+        raise ValueError(f"'{os.fspath(path)}' is a remote path; this operation needs a local one.")
+    return Path(paths.normalize(path))
 
 
 def new_token() -> str:
     return secrets.token_hex(6)
 
 
-def partial_path(path: Path, token: str) -> Path:
-    return path.with_name(f".{path.name}.drivetrain-partial-{token}")
+def partial_path(path: str | os.PathLike[str], token: str) -> Any:
+    """The hidden name a write of ``path`` goes to (a :class:`Path` for a local ``Path``, else a string)."""
+    if isinstance(path, Path):
+        return path.with_name(f".{path.name}.drivetrain-partial-{token}")
+    return paths.join(paths.parent(path), f".{paths.name(path)}.drivetrain-partial-{token}")
 
 
 def _old_path(path: Path, token: str) -> Path:
@@ -69,7 +83,7 @@ def is_temporary(name: str) -> bool:
 
 
 @contextmanager
-def in_flight(path: Path) -> Iterator[Path]:
+def in_flight(path: Any) -> Iterator[Any]:
     """Mark ``path`` as being written by this process, so :func:`tidy` leaves it alone."""
     key = os.fspath(path)
     with _in_flight_lock:
@@ -107,25 +121,77 @@ def publish_file(written: Path, path: Path) -> None:
     fsync_directory(path.parent)
 
 
-def write_file(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """Write a file crash-safely: ``write(temporary)``, flush it to disk, then rename it to ``path``.
+def write_file(
+    path: str | os.PathLike[str],
+    write: Callable[[IO[bytes]], object],
+    *,
+    verify: Callable[[Any], None] | None = None,
+    storage_options: StorageOptions = None,
+) -> None:
+    """Write a file crash-safely: ``write(file)`` into a temporary file, flush, ``verify`` it, publish it as ``path``.
 
-    On any error the temporary file is removed and whatever was at ``path`` stays.
+    ``verify(temporary)`` gets the temporary file's path and raises if it is not complete. On any
+    error the temporary file is removed and whatever was at ``path`` stays. Local or remote.
     """
-    path = local_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with in_flight(partial_path(path, new_token())) as tmp:
+    if paths.is_remote(path):
+        _write_remote_file(os.fspath(path), write, verify, storage_options)
+        return
+    if storage_options is not None:
+        raise TypeError(
+            f"storage_options={storage_options!r} were given for the local path '{os.fspath(path)}'; they "
+            f"configure remote filesystems (s3://, gs:// ...). Leave them out for local paths."
+        )
+    target = local_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A unique hidden name in the target's directory: os.replace is atomic only within one file
+    # system, and concurrent writers (two ranks, two runs) must not share a temp file. Opened
+    # with "xb" rather than mkstemp so the file gets the usual umask permissions, not 0600.
+    with in_flight(partial_path(target, new_token())) as tmp:
         try:
-            write(tmp)
-            fsync_file(tmp)
-            publish_file(tmp, path)
+            with open(tmp, "xb") as file:
+                write(file)
+                file.flush()
+                os.fsync(file.fileno())
+            if verify is not None:
+                verify(tmp)
+            publish_file(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
 
+def _write_remote_file(
+    path: str,
+    write: Callable[[IO[bytes]], object],
+    verify: Callable[[Any], None] | None,
+    options: StorageOptions,
+) -> None:
+    fs, inner = paths.filesystem(path, options)
+    with in_flight(partial_path(path, new_token())) as tmp:
+        _, tmp_inner = paths.filesystem(tmp, options)
+        try:
+            fs.makedirs(fs._parent(inner), exist_ok=True)
+            with fs.open(tmp_inner, "wb") as file:
+                write(file)
+            if verify is not None:
+                verify(tmp)
+            # An object store moves by copying on the server, then deleting the source: the object
+            # under ``path`` appears whole. A crash between the two leaves a partial key for tidy().
+            fs.mv(tmp_inner, inner)
+        except BaseException:
+            _remove_quietly(fs, tmp_inner)
+            raise
+
+
+def _remove_quietly(fs: Any, inner: str) -> None:
+    try:
+        fs.rm(inner, recursive=True)
+    except (FileNotFoundError, OSError):
+        pass
+
+
 def publish_folder(staging: Path, path: Path, token: str) -> None:
-    """Make the complete folder ``staging`` the checkpoint ``path``, then remove the one it replaces.
+    """Make the complete local folder ``staging`` the checkpoint ``path``, then remove the one it replaces.
 
     The files are flushed to disk first, so the renamed folder is whole even after a power cut.
     """
@@ -145,9 +211,24 @@ def publish_folder(staging: Path, path: Path, token: str) -> None:
         shutil.rmtree(previous, ignore_errors=True)
 
 
-def remove(path: str | os.PathLike[str]) -> None:
-    """Delete a checkpoint file or folder; a folder is renamed aside first, so a crash never leaves half of it."""
-    path = Path(path)
+def complete_remote_folder(path: str, storage_options: StorageOptions = None) -> None:
+    """Publish the remote folder ``path`` (written and verified): write its completion marker, last."""
+    fs, inner = paths.filesystem(path, storage_options)
+    fs.pipe_file(f"{inner.rstrip('/')}/{COMPLETE_MARKER}", b"")
+
+
+def remove(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> None:
+    """Delete a checkpoint file or folder, never leaving half of one under its name.
+
+    A local folder is renamed aside first; a remote folder loses its completion marker first.
+    """
+    if paths.is_remote(path):
+        fs, inner = paths.fresh_filesystem(path, storage_options)
+        if fs.isdir(inner):
+            _remove_quietly(fs, f"{inner.rstrip('/')}/{COMPLETE_MARKER}")
+        _remove_quietly(fs, inner)
+        return
+    path = local_path(path)
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
         return
@@ -162,14 +243,24 @@ def remove(path: str | os.PathLike[str]) -> None:
 
 
 # -- finding what was published, cleaning what crashed --------------------------------------------
-def resolve(path: str | os.PathLike[str]) -> Path | None:
+def resolve(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> Any:
     """Where the checkpoint published as ``path`` is, even if a crash interrupted its replacement.
 
-    ``path`` itself when it exists. Otherwise, if a folder publish stopped between its two renames,
-    the new folder (complete: it was verified before the old one was moved) or, failing that, the
-    old one. ``None`` when there is nothing. Changes nothing on disk (readers on every rank call it).
+    ``path`` itself when it exists (a remote folder only with its completion marker). Otherwise,
+    if a local folder publish stopped between its two renames, the new folder (complete: it was
+    verified before the old one was moved) or, failing that, the old one. ``None`` when there is
+    nothing. Changes nothing (readers on every rank call it). A local path comes back as a
+    :class:`~pathlib.Path`, a remote one as the URL string.
     """
-    path = Path(path)
+    if paths.is_remote(path):
+        text = os.fspath(path)
+        fs, inner = paths.fresh_filesystem(text, storage_options)
+        if fs.isfile(inner):
+            return text
+        if fs.isfile(f"{inner.rstrip('/')}/{COMPLETE_MARKER}"):
+            return text
+        return None
+    path = local_path(path)
     if path.exists():
         return path
     try:
@@ -185,13 +276,16 @@ def resolve(path: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def tidy(directory: str | os.PathLike[str]) -> None:
+def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = None) -> None:
     """Finish interrupted folder publishes in ``directory`` and delete what crashed writes left there.
 
     Called before each save into ``directory`` (by one process). Temporary files this process is
     writing are kept.
     """
-    directory = Path(directory)
+    if paths.is_remote(directory):
+        _tidy_remote(os.fspath(directory), storage_options)
+        return
+    directory = local_path(directory)
     try:
         names = os.listdir(directory)
     except OSError:
@@ -218,16 +312,30 @@ def tidy(directory: str | os.PathLike[str]) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def is_complete(path: str | os.PathLike[str]) -> bool:
+def _tidy_remote(directory: str, options: StorageOptions) -> None:
+    with _in_flight_lock:
+        keep = set(_in_flight)
+    for name in paths.listdir(directory, options):
+        if _TEMPORARY.match(name) is None:
+            continue
+        leftover = paths.join(directory, name)
+        if leftover not in keep:
+            paths.remove_tree(leftover, options)
+
+
+def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> bool:
     """Whether the checkpoint at ``path`` (a file or a sharded folder) is whole, judged from its structure.
 
     A file must be a complete ``torch.save`` archive; a folder must hold at least one file, every
     ``.pt`` file in it must be complete, and a DCP ``.metadata`` must read (safely) and match its
-    data files. Cheap: reads archive indexes and metadata, not tensor data.
+    data files; a remote folder must also carry its completion marker. Cheap: reads archive
+    indexes and metadata, not tensor data.
     """
     from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 
-    path = Path(path)
+    if paths.is_remote(path):
+        return _is_complete_remote(os.fspath(path), storage_options)
+    path = local_path(path)
     try:
         if path.is_file():
             check_torch_file(path)
@@ -241,5 +349,26 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
         if (path / ".metadata").is_file():
             read_dcp_metadata(path)
         return bool(files)
+    except (DamagedCheckpointError, OSError, pickle.UnpicklingError):
+        return False
+
+
+def _is_complete_remote(path: str, options: StorageOptions) -> bool:
+    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
+
+    fs, inner = paths.fresh_filesystem(path, options)
+    try:
+        if fs.isfile(inner):
+            check_torch_file(path)
+            return True
+        names = paths.listdir(path, options)
+        if COMPLETE_MARKER not in names:
+            return False
+        for name in names:
+            if name.endswith(".pt"):
+                check_torch_file(paths.join(path, name))
+        if ".metadata" in names:
+            read_dcp_metadata(path)
+        return True
     except (DamagedCheckpointError, OSError, pickle.UnpicklingError):
         return False

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from drivetrain._utilities import paths
+
 #: The opt-out named in refusals raised below the front doors (each door names its own).
 DEFAULT_OPT_OUT = "weights_only=False"
 # torch.save's legacy (pre-zip) format starts with this pickled magic number (protocol 2).
@@ -86,23 +88,26 @@ def check_torch_file(path: str | os.PathLike[str]) -> None:
     """Raise :class:`DamagedCheckpointError` unless ``path`` is a structurally complete ``torch.save`` file.
 
     Cheap: reads the zip archive's index (written last, so a truncated file has none), not the data.
+    Local or remote (a remote file is read by range requests).
     """
-    path = Path(path)
-    size = path.stat().st_size
+    size = paths.size(path)
     if size == 0:
         raise DamagedCheckpointError(path, "the file is empty")
-    if zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as archive:
-                entries = archive.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError) as error:
-            raise DamagedCheckpointError(path, f"its zip index cannot be read ({error})") from None
-        if not any(entry.filename.rsplit("/", 1)[-1] == "data.pkl" for entry in entries):
-            raise DamagedCheckpointError(path, "it is a zip archive, but not one torch.save wrote")
-        if any(entry.header_offset + entry.compress_size > size for entry in entries):
-            raise DamagedCheckpointError(path, "its zip index points past the end of the file (truncated)")
-        return
-    with open(path, "rb") as file:
+    with paths.open_file(path, "rb") as file:
+        if zipfile.is_zipfile(file):
+            try:
+                with zipfile.ZipFile(file) as archive:
+                    entries = archive.infolist()
+            except (zipfile.BadZipFile, OSError, ValueError) as error:
+                raise DamagedCheckpointError(path, f"its zip index cannot be read ({error})") from None
+            if not any(entry.filename.rsplit("/", 1)[-1] == "data.pkl" for entry in entries):
+                raise DamagedCheckpointError(path, "it is a zip archive, but not one torch.save wrote")
+            if any(entry.header_offset + entry.compress_size > size for entry in entries):
+                raise DamagedCheckpointError(
+                    path, "its zip index points past the end of the file (truncated)"
+                )
+            return
+        file.seek(0)
         head = file.read(len(_LEGACY_MAGIC))
     if head != _LEGACY_MAGIC:
         raise DamagedCheckpointError(
@@ -131,7 +136,19 @@ def load_torch_file(
         DamagedCheckpointError: the file is empty, truncated or not a checkpoint.
         UnsafeCheckpointError: the file holds objects ``weights_only`` loading refuses.
     """
-    path = Path(path)
+    if paths.is_remote(path):
+        shown = os.fspath(path)
+        if not paths.exists(path):
+            raise FileNotFoundError(f"No checkpoint at '{shown}'.")
+        if paths.isdir(path):
+            raise IsADirectoryError(
+                f"'{shown}' is a folder (a sharded checkpoint), not a checkpoint file: load it through the strategy "
+                f"that wrote it, or consolidate it into one file with `drivetrain consolidate`."
+            )
+        check_torch_file(path)
+        with paths.open_file(path, "rb") as file:
+            return _load(file, shown, map_location, weights_only)
+    path = Path(paths.normalize(path))
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{path.resolve()}').")
     if path.is_dir():
@@ -140,8 +157,12 @@ def load_torch_file(
             f"that wrote it, or consolidate it into one file with `drivetrain consolidate`."
         )
     check_torch_file(path)
+    return _load(path, path, map_location, weights_only)
+
+
+def _load(source: Any, path: str | os.PathLike[str], map_location: Any, weights_only: bool) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
+        return torch.load(source, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as error:
         if weights_only and is_refusal(error):
             raise UnsafeCheckpointError(path, refusal_reason(error)) from None
@@ -303,13 +324,12 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> Any:
         DamagedCheckpointError: the metadata is unreadable, or a data file is missing or short.
         UnsafeCheckpointError: the metadata references a class DCP metadata never holds.
     """
-    folder = Path(folder)
-    metadata_file = folder / ".metadata"
-    if not metadata_file.is_file():
+    metadata_file = paths.join(folder, ".metadata")
+    if not paths.isfile(metadata_file):
         raise FileNotFoundError(
-            f"'{folder}' has no .metadata: it is not a torch.distributed.checkpoint folder."
+            f"'{os.fspath(folder)}' has no .metadata: it is not a torch.distributed.checkpoint folder."
         )
-    with open(metadata_file, "rb") as stream:
+    with paths.open_file(metadata_file, "rb") as stream:
         metadata = load_dcp_metadata(stream, metadata_file)
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
@@ -321,10 +341,10 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> Any:
         end = int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
         needed[relative] = max(needed.get(relative, 0), end)
     for relative, end in sorted(needed.items()):
-        data_file = folder / relative
-        if not data_file.is_file():
+        data_file = paths.join(folder, relative)
+        if not paths.isfile(data_file):
             raise DamagedCheckpointError(folder, f"the data file '{relative}' its metadata names is missing")
-        if data_file.stat().st_size < end:
+        if paths.size(data_file) < end:
             raise DamagedCheckpointError(data_file, f"it is shorter than its metadata says ({end} bytes)")
     return metadata
 

@@ -10,27 +10,19 @@ caller opts out explicitly, and call a damaged file damaged.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from drivetrain.plugins.io.atomic import (
-    in_flight,
-    local_path,
-    new_token,
-    partial_path,
-    publish_file,
-    remove,
-    tidy,
-)
+from drivetrain._utilities import paths
+from drivetrain.plugins.io.atomic import remove, tidy, write_file
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.io.safe_loading import check_torch_file, load_torch_file
 
 
 class TorchCheckpointIO(CheckpointIO):
-    """Save and load checkpoint dicts with ``torch.save`` / ``torch.load`` on a local file system.
+    """Save and load checkpoint dicts with ``torch.save`` / ``torch.load``, on local disks or remote storage.
 
     Example:
         >>> io = TorchCheckpointIO()
@@ -45,29 +37,27 @@ class TorchCheckpointIO(CheckpointIO):
         """Write ``checkpoint`` to ``path`` atomically, creating parent directories.
 
         Either the complete new checkpoint is at ``path`` afterwards, or (on any error) whatever
-        was there before is untouched and no temporary file is left behind.
+        was there before is untouched and no temporary file is left behind. ``path`` may be
+        remote (``s3://bucket/run/last.ckpt``, any fsspec URL).
+
+        Args:
+            storage_options: for a remote ``path``, the fsspec filesystem's options
+                (``{"endpoint_url": ...}``, credentials ...).
 
         Raises:
-            TypeError: if ``storage_options`` is given; this IO has none.
+            TypeError: if ``storage_options`` are given for a local path.
         """
-        reject_storage_options(self, storage_options)
-        path = local_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tidy(path.parent)
-        # A unique hidden name in the target's directory: os.replace is atomic only within one file
-        # system, and concurrent writers (two ranks, two runs) must not share a temp file. Opened
-        # with "xb" rather than mkstemp so the file gets the usual umask permissions, not 0600.
-        with in_flight(partial_path(path, new_token())) as tmp:
-            try:
-                with open(tmp, "xb") as file:
-                    torch.save(checkpoint, file)
-                    file.flush()
-                    os.fsync(file.fileno())
-                check_torch_file(tmp)
-                publish_file(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+        if paths.is_remote(path):
+            paths.check(path, storage_options)  # an unknown scheme or a missing package, named with this path
+        else:
+            reject_storage_options(self, storage_options)
+        tidy(paths.parent(path), storage_options)
+        write_file(
+            path,
+            lambda file: torch.save(checkpoint, file),
+            verify=check_torch_file,
+            storage_options=storage_options,
+        )
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any | None = None, *, weights_only: bool = True
@@ -95,13 +85,14 @@ class TorchCheckpointIO(CheckpointIO):
         idempotent, so a retried or repeated removal, or one racing another rank's, succeeds. A
         folder is renamed aside before it is deleted, so a crash never leaves half of it.
         """
-        remove(local_path(path))
+        remove(path)
 
 
 def reject_storage_options(io: CheckpointIO, storage_options: Any | None) -> None:
-    """Raise if ``storage_options`` were given to an IO that takes none (never ignore them silently)."""
+    """Raise if ``storage_options`` were given where they cannot apply (never ignore them silently)."""
     if storage_options is not None:
         raise TypeError(
-            f"{type(io).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}. "
-            f"Leave the argument out, or use a CheckpointIO that understands them."
+            f"{type(io).__name__}.save_checkpoint takes storage_options for remote paths (s3://, gs:// ...) only, "
+            f"got {storage_options!r} for a local one. Leave the argument out, or use a CheckpointIO that "
+            f"understands them."
         )

@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 
@@ -134,7 +135,8 @@ class ModelCheckpoint(Callback):
             raise TypeError(
                 f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}); use True, False or None (auto)."
             )
-        self.dirpath: str | None = os.fspath(dirpath) if dirpath is not None else None
+        self.dirpath: str | None = paths.normalize(dirpath) if dirpath is not None else None
+        paths.check(self.dirpath)  # s3://... without s3fs, or an unknown scheme: reported here
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -472,7 +474,7 @@ class ModelCheckpoint(Callback):
         name = text.format(**{f"m{i}": metrics[n] for i, n in enumerate(names)})
         if ver is not None:
             name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
-        return os.path.join(self.dirpath or "", name + self.FILE_EXTENSION)
+        return paths.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def find_last(self) -> str | None:
         """The newest complete checkpoint in :attr:`dirpath`: the newest ``last`` (``last.ckpt``, ``last-v1.ckpt`` …),
@@ -483,21 +485,25 @@ class ModelCheckpoint(Callback):
         """
         from drivetrain.plugins.io.atomic import is_complete, is_temporary, resolve
 
-        if self.dirpath is None or not os.path.isdir(self.dirpath):
+        if self.dirpath is None or not paths.isdir(self.dirpath):
             return None
         last_name = re.compile(
             rf"{re.escape(self.CHECKPOINT_NAME_LAST)}({re.escape(self.CHECKPOINT_JOIN_CHAR)}v\d+)?"
             rf"{re.escape(self.FILE_EXTENSION)}"
         )
         names = [
-            n for n in os.listdir(self.dirpath) if n.endswith(self.FILE_EXTENSION) and not is_temporary(n)
+            n for n in paths.listdir(self.dirpath) if n.endswith(self.FILE_EXTENSION) and not is_temporary(n)
         ]
-        lasts = [found for n in names if last_name.fullmatch(n) and (found := resolve(Path(self.dirpath, n)))]
+        lasts = [
+            os.fspath(found)
+            for n in names
+            if last_name.fullmatch(n) and (found := resolve(paths.join(self.dirpath, n))) is not None
+        ]
         if not lasts:  # a crash may have left only the half-replaced form of last.ckpt
-            found = resolve(os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
-            lasts = [found] if found is not None else []
+            found = resolve(paths.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
+            lasts = [os.fspath(found)] if found is not None else []
         candidates = sorted(lasts, key=_modified, reverse=True)
-        others = [Path(self.dirpath, n) for n in names if not last_name.fullmatch(n)]
+        others = [paths.join(self.dirpath, n) for n in names if not last_name.fullmatch(n)]
         candidates += sorted((p for p in others if p not in candidates), key=_modified, reverse=True)
         for index, candidate in enumerate(candidates):
             if is_complete(candidate):
@@ -552,12 +558,14 @@ def _default_dirpath(trainer: Trainer) -> str:
         if logger.save_dir is not None:
             version = logger.version
             version_folder = version if isinstance(version, str) else f"version_{version}"
-            return os.path.join(logger.save_dir, logger.name or "", version_folder, "checkpoints")
-    return os.path.join(trainer.default_root_dir, "checkpoints")
+            return paths.join(
+                logger.save_dir, *([logger.name] if logger.name else []), version_folder, "checkpoints"
+            )
+    return paths.join(trainer.default_root_dir, "checkpoints")
 
 
-def _modified(path: Path) -> float:
+def _modified(path: str) -> float:
     try:
-        return path.stat().st_mtime
-    except OSError:  # removed meanwhile
+        return paths.modified(path)
+    except (OSError, NotImplementedError):  # removed meanwhile, or a store that keeps no times
         return -math.inf

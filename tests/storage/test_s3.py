@@ -1,0 +1,237 @@
+"""Both front doors against a real S3 API: moto in server mode on 127.0.0.1, reached through s3fs.
+
+The programs reach the server as users reach S3: an ``s3://`` path and AWS's standard
+environment variables (``AWS_ENDPOINT_URL`` and credentials); ranks are real gloo processes.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import drivetrain as dt
+from drivetrain.plugins.io import TorchCheckpointIO
+from drivetrain.trainer import ModelCheckpoint
+from drivetrain.utils import ProjectConfiguration
+from helpers.multiprocess import run_processes
+from helpers.scripts import clean_env, run_script
+from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data, weights
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def listing(url: str) -> list[str]:
+    """Every object under ``url``, relative to it (a fresh client: nothing cached)."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    inner = url.split("://", 1)[1]
+    return sorted(posixpath.relpath(path, inner) for path in fs.find(inner))
+
+
+# -- the Trainer: checkpoints and CSV logs in s3://bucket/run, resume from "last" --------------------
+def _trainer_program(rank: int, world_size: int, root: str, strategy: str) -> dict[str, Any]:
+    def fit(
+        folder: str, epochs: int, ckpt_path: str | None = None
+    ) -> tuple[dt.Trainer, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        model = Regression()
+        trainer = quiet_trainer(
+            strategy=strategy,
+            devices=world_size,
+            default_root_dir=folder,
+            max_epochs=epochs,
+            logger="csv",
+            log_every_n_steps=1,
+            enable_checkpointing=True,
+            callbacks=[ModelCheckpoint(dirpath=f"{folder}/checkpoints", save_last=True)],
+        )
+        trainer.fit(model, loader(regression_data(32), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        full = trainer.strategy.get_module_state_dict(trainer.model) if strategy == "fsdp" else weights(model)
+        return trainer, {k: v.detach().clone() for k, v in full.items()}
+
+    first, _ = fit(f"{root}/run", 2)
+    resumed, resumed_weights = fit(f"{root}/run", 4, ckpt_path="last")
+    _, straight = fit(f"{root}/straight", 4)
+    callback = first.checkpoint_callback
+    assert callback is not None
+    return {
+        "steps": (first.global_step, resumed.global_step),
+        "best": callback.best_model_path,
+        "log_dir": first.log_dir,
+        "same": all(torch.equal(resumed_weights[k], straight[k]) for k in straight),
+        "weights": resumed_weights,
+    }
+
+
+@pytest.mark.parametrize(("processes", "strategy"), [(1, "auto"), (2, "ddp"), (2, "fsdp")])
+def test_a_trainer_fit_writes_checkpoints_and_logs_to_s3_and_resumes_from_last(
+    s3_bucket: str, tmp_path: Path, processes: int, strategy: str
+) -> None:
+    root = f"{s3_bucket}/run-{strategy}"
+    if processes == 1:
+        results = [_trainer_program(0, 1, root, strategy)]
+    else:
+        results = run_processes(_trainer_program, processes, args=(root, strategy), timeout=180)
+    main = results[0]
+    steps_per_epoch = 8 // processes
+    assert main["steps"] == (2 * steps_per_epoch, 4 * steps_per_epoch)
+    assert all(result["same"] for result in results)  # resumed from s3 = one uninterrupted run
+    assert main["best"] == f"{root}/run/checkpoints/epoch=1-step={2 * steps_per_epoch}.ckpt"
+    assert main["log_dir"] == f"{root}/run/drivetrain_logs/version_0"
+    objects = listing(f"{root}/run")
+    assert (
+        "drivetrain_logs/version_0/metrics.csv" in objects
+        and "drivetrain_logs/version_1/metrics.csv" in objects
+    )
+    assert not [name for name in objects if "drivetrain-partial" in name]
+    if strategy != "fsdp":
+        assert [o for o in objects if o.startswith("checkpoints/")] == [
+            f"checkpoints/epoch=3-step={4 * steps_per_epoch}.ckpt",
+            "checkpoints/last.ckpt",
+        ]
+        return
+    # Sharded: each checkpoint is a folder every rank wrote, completed by its marker.
+    last = sorted(o for o in objects if o.startswith("checkpoints/last.ckpt/"))
+    assert last == [
+        "checkpoints/last.ckpt/.drivetrain-complete",
+        "checkpoints/last.ckpt/.metadata",
+        "checkpoints/last.ckpt/__0_0.distcp",
+        "checkpoints/last.ckpt/__1_0.distcp",
+        "checkpoints/last.ckpt/drivetrain_state.pt",
+    ]
+    # drivetrain consolidate reads the sharded folder from S3 and writes one file there.
+    consolidated = f"{root}/consolidated.pt"
+    done = run_script(
+        ["-m", "drivetrain", "consolidate", f"{root}/run/checkpoints/last.ckpt", consolidated],
+        env=clean_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    state = TorchCheckpointIO().load_checkpoint(consolidated)["state_dict"]
+    for name, value in main["weights"].items():
+        assert torch.equal(state[name], value), name
+
+
+# -- the Accelerator: save_state / load_state in s3://bucket/project ----------------------------------
+def _accelerator_program(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    accelerator = dt.Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(
+            project_dir=root, automatic_checkpoint_naming=True, total_limit=2
+        ),
+    )
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    data = DataLoader(regression_data(64), batch_size=4, shuffle=True)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    batches = iter(data)
+
+    def step() -> None:
+        x, y = next(batches)
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    saved = []
+    for _ in range(3):
+        step()
+        saved.append(accelerator.save_state())
+    for _ in range(2):
+        step()
+    uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
+    loaded = accelerator.load_state()  # the newest automatic checkpoint, from S3
+    batches = iter(data)  # continues after the last batch handed out before the save
+    for _ in range(2):
+        step()
+    return {
+        "saved": saved,
+        "loaded": loaded,
+        "same": all(torch.equal(model.state_dict()[k], v) for k, v in uninterrupted.items()),
+    }
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_an_accelerator_saves_and_loads_its_state_in_s3(s3_bucket: str, processes: int) -> None:
+    root = f"{s3_bucket}/project"
+    if processes == 1:
+        results = [_accelerator_program(0, 1, root)]
+    else:
+        results = run_processes(_accelerator_program, processes, args=(root,), timeout=120)
+    assert all(result["same"] for result in results)
+    assert results[0]["saved"] == [f"{root}/checkpoints/checkpoint_{i}" for i in range(3)]
+    assert results[0]["loaded"] == f"{root}/checkpoints/checkpoint_2"
+    # total_limit=2 pruned the oldest once the newest was complete.
+    assert listing(root) == ["checkpoints/checkpoint_1/state.ckpt", "checkpoints/checkpoint_2/state.ckpt"]
+
+
+def test_storage_options_reach_the_filesystem(
+    s3_bucket: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the options say where the server is
+    import s3fs
+
+    options = {
+        "endpoint_url": s3_endpoint,
+        "key": "testing",
+        "secret": "testing",
+        "skip_instance_cache": True,
+    }
+    io = TorchCheckpointIO()
+    io.save_checkpoint({"a": torch.ones(2)}, f"{s3_bucket}/opts/x.ckpt", storage_options=options)
+    assert s3fs.S3FileSystem(**options).isfile(f"{s3_bucket[5:]}/opts/x.ckpt")
+
+
+# -- kill -9 in the middle of a remote checkpoint write -----------------------------------------------
+@pytest.mark.parametrize(
+    ("point", "write", "resumed_from"),
+    [
+        ("upload", 3, 2),  # step=4.ckpt dies half uploaded: last.ckpt (step 2) is the newest complete one
+        ("publish", 4, 2),  # last.ckpt (step 4) dies before its move: the old last.ckpt (step 2) stays
+    ],
+)
+def test_a_kill_during_a_remote_checkpoint_write_leaves_the_previous_checkpoint_to_resume_from(
+    s3_bucket: str, point: str, write: int, resumed_from: int
+) -> None:
+    dirpath = f"{s3_bucket}/killed/{point}"
+    killed = run_script(
+        [str(SCRIPTS / "killed_s3_save.py"), dirpath, point, str(write)], env=clean_env(), timeout=150
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    before = listing(dirpath)
+    assert "last.ckpt" in before
+    assert ("step=4.ckpt" in before) == (point == "publish")  # the killed write never appears under its name
+
+    class Resumed(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("ballast", torch.zeros(2_000_000))
+
+        def on_train_start(self) -> None:
+            self.started_at = self.trainer.global_step
+
+    model = Resumed()
+    checkpoint = ModelCheckpoint(
+        dirpath=dirpath, filename="{step}", save_top_k=-1, every_n_train_steps=2, save_last=True
+    )
+    trainer = quiet_trainer(max_steps=6, enable_checkpointing=True, callbacks=[checkpoint])
+    trainer.fit(model, loader(regression_data(32)), ckpt_path="last")
+    assert model.started_at == resumed_from
+    assert trainer.global_step == 6
+    after = listing(dirpath)
+    assert after == [
+        "last.ckpt",
+        "step=2.ckpt",
+        "step=4.ckpt",
+        "step=6.ckpt",
+    ]  # the crash's leftovers are gone
