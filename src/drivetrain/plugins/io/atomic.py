@@ -170,7 +170,7 @@ def _write_remote_file(
     with in_flight(partial_path(path, new_token())) as tmp:
         _, tmp_inner = paths.filesystem(tmp, options)
         try:
-            fs.makedirs(fs._parent(inner), exist_ok=True)
+            paths.makedirs(paths.parent(path), options)
             with fs.open(tmp_inner, "wb") as file:
                 write(file)
             if verify is not None:
