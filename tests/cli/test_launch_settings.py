@@ -162,6 +162,7 @@ def test_config_default_writes_the_flags_without_asking(
         ),
         (["config", "--default", "--num_machines", "2", "--num_processes", "2"], "need main_process_ip"),
         (["config", "--default", "--mixed_precision", "fp8"], "mixed_precision"),
+        (["config", "--default", "--cpu", "--accelerator", "cuda"], "--cpu asks for the CPU"),
         (
             ["config", "--default", "--gradient_accumulation_steps", "0"],
             "gradient_accumulation_steps must be an integer >= 1",

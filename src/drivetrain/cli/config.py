@@ -148,6 +148,11 @@ def ask_questions(given: dict[str, Any], read: Callable[[str], str] = input) -> 
 def _config(values: dict[str, Any]) -> LaunchConfig:
     chosen = {key: value for key, value in values.items() if value is not None}
     if chosen.get("use_cpu"):
+        if chosen.get("accelerator", "auto") not in ("auto", "cpu"):
+            raise SystemExit(
+                f"drivetrain config: --cpu asks for the CPU, but --accelerator {chosen['accelerator']} for other "
+                f"hardware; drop one."
+            )
         chosen["accelerator"] = "cpu"
     machines = chosen.get("num_machines", 1)
     processes = chosen.get("num_processes", 1)
