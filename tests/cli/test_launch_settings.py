@@ -242,3 +242,40 @@ def test_the_command_line_wins_and_neutral_file_values_set_nothing(tmp_path: Pat
     # stays drivetrain's loopback one.
     assert (args.nproc_per_node, args.num_processes) == ("2", None)
     assert (args.mixed_precision, args.gradient_accumulation_steps, args.rdzv_backend) == (None, None, None)
+
+
+def test_num_processes_counts_every_machine() -> None:
+    from drivetrain.cli.launch import _processes_per_node, torchrun_arguments
+    from drivetrain.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "launch",
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            "1",
+            "--main_process_ip",
+            "10.0.0.1",
+            "--main_process_port",
+            "29400",
+            "train.py",
+            "--lr",
+            "1",
+        ]
+    )
+    per_node = _processes_per_node(args)
+    assert per_node == 4
+    assert torchrun_arguments(args, per_node) == [
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--max-restarts=0",
+        "--master-addr=10.0.0.1",
+        "--master-port=29400",
+        "train.py",
+        "--lr",
+        "1",
+    ]
