@@ -244,10 +244,28 @@ def test_deepspeed_loads_refuse_planted_files(tmp_path: Path, door: str) -> None
     results = run_processes(_load_sharded, 2, args=(str(tmp_path), "deepspeed_stage_2", doors), timeout=100)
     _assert_refused(results, marker, doors)
     if door == "accelerator":
-        result = run_command([*DRIVETRAIN, "consolidate", str(root), str(tmp_path / "out.pt")], timeout=100)
-        assert result.returncode == 2 and "safe loading refuses" in result.stderr, result.stderr
-        assert "--no-weights-only" in result.stderr
-        assert not marker.exists()
+        _assert_consolidate_refuses(root, tmp_path / "out.pt", marker)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.deepspeed
+@needs_deepspeed
+def test_a_planted_deepspeed_optimizer_partition_is_refused(tmp_path: Path) -> None:
+    """Rank 1's partition only: rank 1 refuses and rank 0 does not wait for it; zero_to_fp32 reads every partition."""
+    doors = ("accelerator",)
+    run_processes(_save_sharded, 2, args=(str(tmp_path), "deepspeed_stage_2", doors), timeout=100)
+    marker, root = tmp_path / "ran", tmp_path / "accelerator" / "state.ckpt"
+    plant_in_torch_file(root / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt", marker)
+    _assert_consolidate_refuses(root, tmp_path / "out.pt", marker)
+    results = run_processes(_load_sharded, 2, args=(str(tmp_path), "deepspeed_stage_2", doors), timeout=100)
+    _assert_refused(results, marker, doors)
+
+
+def _assert_consolidate_refuses(source: Path, destination: Path, marker: Path) -> None:
+    result = run_command([*DRIVETRAIN, "consolidate", str(source), str(destination)], timeout=100)
+    assert result.returncode == 2 and "safe loading refuses" in result.stderr, result.stderr
+    assert "--no-weights-only" in result.stderr
+    assert not marker.exists() and not destination.exists()
 
 
 def _stage0_model_file(rank: int, world_size: int, folder: str) -> Any:

@@ -125,7 +125,7 @@ def load_engine_state(
         )
     _, engine = engines[0]
     if weights_only:
-        check_files(Path(path))
+        check_safe_to_load(Path(path))
     header = _read_header(Path(path), lambda file: strategy.load_checkpoint(file, weights_only=weights_only))
     values: dict[str, Any] = header["values"]
     known = {header["module"], header["optimizer"], *values}
@@ -197,7 +197,7 @@ def consolidate_deepspeed_checkpoint(
     if module_path is None:
         raise FileNotFoundError(f"No DeepSpeed module file ({' or '.join(MODEL_FILES)}) in {root / tag}.")
     if weights_only:
-        check_files(root)
+        check_safe_to_load(root)
     saved = _read_header(root, lambda file: load_torch_file(file, weights_only=weights_only))
     with safe_deepspeed_loads(root, weights_only):
         if any((root / tag).glob("*zero_pp_rank_*_optim_states.pt")):  # ZeRO 1-3: merge the partitions
@@ -258,3 +258,28 @@ def check_files(root: Path) -> None:
 
     for file in sorted(root.rglob("*.pt")):
         check_torch_file(file)
+
+
+def check_safe_to_load(root: Path) -> None:
+    """Before a safe load: every ``.pt`` file under ``root`` is whole and names only allowed classes.
+
+    Every rank checks every file, not only the partition it will read, so a planted file is refused
+    by all ranks before DeepSpeed reads anything (a rank refusing alone would leave the others to
+    go on into the next collective). The scan reads each file's pickle without running it; the
+    load itself still runs with ``weights_only`` forced, whatever a scan could miss.
+
+    Raises:
+        DamagedCheckpointError: a file is not whole.
+        UnsafeCheckpointError: a file holds classes neither torch, DeepSpeed's own nor
+            ``torch.serialization.add_safe_globals`` allow.
+    """
+    import torch
+
+    from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError, check_torch_file
+
+    allowed = {f"{cls.__module__}.{cls.__qualname__}" for cls in deepspeed_safe_globals()}
+    for file in sorted(root.rglob("*.pt")):
+        check_torch_file(file)
+        refused = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(file)) - allowed)
+        if refused:
+            raise UnsafeCheckpointError(file, f"{', '.join(refused)} (not an allowed global)")
