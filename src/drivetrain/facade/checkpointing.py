@@ -291,8 +291,9 @@ def _holds_complete_state(directory: str) -> bool:
 
 def _prune_automatic(root: str, keep: int | None, newest: str) -> None:
     """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
-    from drivetrain.plugins.io.atomic import remove
+    from drivetrain.plugins.io.atomic import remove, tidy
 
+    tidy(root)  # what a crash left here (a checkpoint half deleted); the save itself tidied its own folder
     existing = [path for _, path in _existing(root) if path != newest]
     complete = [path for path in existing if _holds_complete_state(path)]
     doomed = [path for path in existing if path not in complete]
