@@ -15,7 +15,7 @@ from torch import nn
 
 import drivetrain as dt
 from drivetrain.strategies import DDPStrategy
-from drivetrain.trainer import EarlyStopping, ModelCheckpoint
+from drivetrain.trainer import EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from helpers.multiprocess import run_processes
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data, weights
 
@@ -66,7 +66,14 @@ def _fit_evaluate_predict(rank: int, world: int, root: str) -> dict[str, Any]:
     custom = torch.utils.data.DataLoader(regression_data(64), batch_size=4, sampler=EveryOther())
     custom_trainer = _ddp_trainer(max_epochs=1)
     custom_trainer.fit(Regression(), custom)  # a custom sampler's batches are shared out like any others
+    # Last (it ends the run with an error): a checkpoint on exception cannot be taken by 2 processes.
+    try:
+        _ddp_trainer(max_epochs=1, callbacks=[OnExceptionCheckpoint(root)]).fit(Regression(), loader())
+        refusal = ""
+    except ValueError as error:
+        refusal = str(error)
     return {
+        "refusal": refusal,
         "unsharded_steps": unsharded.global_step,
         "custom_steps": custom_trainer.global_step,
         "weights": weights(model),
@@ -105,6 +112,9 @@ def test_ddp_fit_evaluate_predict_and_stop_together(tmp_path: Path) -> None:
         assert result["rank_mean"] == pytest.approx(0.4)
         assert result["unsharded_steps"] == 16
         assert result["custom_steps"] == 4  # EveryOther's 8 batches, 4 per rank
+        assert (
+            "OnExceptionCheckpoint saves only in single-process runs: with 2 processes" in result["refusal"]
+        )
     assert ranks[0]["predictions"].shape[0] == 21
 
 
