@@ -15,6 +15,8 @@ _LAZY = {
     "connect": "drivetrain.connector",
     "seed_everything": "drivetrain._utilities.seed",
     "Accelerator": "drivetrain.facade",
+    "AcceleratorState": "drivetrain.facade",
+    "PartialState": "drivetrain.facade",
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
     "DataModule": "drivetrain.trainer",
@@ -29,7 +31,9 @@ _LAZY = {
 
 __all__ = [
     "Accelerator",
+    "AcceleratorState",
     "DataModule",
+    "PartialState",
     "Trainer",
     "TrainingModule",
     "__version__",
@@ -54,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         load_checkpoint_and_dispatch,
     )
     from drivetrain.connector import connect
-    from drivetrain.facade import Accelerator
+    from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
 
 

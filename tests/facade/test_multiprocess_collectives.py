@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import drivetrain as dt
-from drivetrain.utils import DataLoaderConfiguration, gather_object, set_seed
+from drivetrain.utils import DataLoaderConfiguration, gather_object, reduce, set_seed
 from helpers.multiprocess import run_processes
 
 pytestmark = pytest.mark.multiprocess
@@ -76,6 +76,11 @@ def _rank(rank: int, world_size: int, scratch: str) -> dict[str, Any]:
         accelerator.reduce(value, scale=10.0).item(),
         value.item(),
     )
+    pair = torch.tensor([1.0 + rank, 4.0 - rank])
+    out["reduce_ops"] = {
+        op: accelerator.reduce(pair, reduction=op).tolist() for op in ("max", "min", "product")
+    }
+    out["reduce_ops"]["free max"] = reduce({"v": pair}, "max")["v"].tolist()
     out["gather_nested"] = accelerator.gather((torch.tensor(rank), {"v": torch.tensor([rank, rank])}))
     output = Output(torch.full((1, 2), float(rank)), torch.tensor([rank]))
     gathered = accelerator.gather(output)
@@ -143,6 +148,8 @@ def test_pad_split_reduce_and_gather(results: list[dict[str, Any]]) -> None:
     assert (zero["split_tensor"], one["split_tensor"]) == ([10, 11, 12], [13, 14, 14])
     assert (zero["split_dict"], one["split_dict"]) == (([0, 1], ["x", "y"]), ([2], ["z"]))
     assert zero["reduce"] == (*one["reduce"][:3], 1.0) == (3.0, 1.5, 30.0, 1.0)
+    expected_ops = {"max": [2.0, 4.0], "min": [1.0, 3.0], "product": [2.0, 12.0], "free max": [2.0, 4.0]}
+    assert zero["reduce_ops"] == one["reduce_ops"] == expected_ops
     scalars, nested = zero["gather_nested"]
     assert scalars.tolist() == [0, 1] and nested["v"].tolist() == [0, 0, 1, 1]
     assert zero["gather_object"] == one["gather_object"] == ["r0", "r1"]

@@ -53,7 +53,7 @@ def test_save_model_shards_past_the_limit_and_keeps_tied_weights(tmp_path: Path)
 
 
 def test_register_for_checkpointing_needs_state_methods() -> None:
-    with pytest.raises(TypeError, match=r"state_dict\(\) and load_state_dict\(\).*int \(3\)"):
+    with pytest.raises(ValueError, match=r"state_dict\(\) and load_state_dict\(\).*int \(3\)"):
         dt.Accelerator(cpu=True).register_for_checkpointing(3)
 
 

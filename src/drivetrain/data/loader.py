@@ -255,6 +255,18 @@ class PreparedDataLoader(DataLoader):
             return -1
         return self._total_batch_size - self.padding
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The device mover is a closure made for this strategy: a copy makes its own.
+        state = self.__dict__.copy()
+        state["_place"] = self._place is not None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from drivetrain.data.batches import batch_mover
+
+        self.__dict__.update(state)
+        self._place = batch_mover(self._strategy) if state["_place"] else None
+
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: epoch, batches handed out in it, the seeds and generator
         states its order comes from, and how many of the underlying batches each step consumes."""
@@ -330,8 +342,12 @@ class ShardedDataLoader(PreparedDataLoader):
     """Every process loads its own batches: a share of the batch sampler's (map-style data), or of
     each chunk of items (iterable data, through :class:`~drivetrain.data.IterableDatasetShard`)."""
 
+    def _index_batches(self) -> Any:
+        """What hands out batches of indices: the batch sampler, or a sampler that yields whole batches."""
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
     def _source(self, start_at: int) -> Iterator[Any]:
-        index_sampler: Any = self.batch_sampler
+        index_sampler: Any = self._index_batches()
         if start_at and hasattr(index_sampler, "start_at"):
             index_sampler.start_at = start_at  # skipped as indices: nothing is loaded
             return DataLoader.__iter__(self)
@@ -341,7 +357,8 @@ class ShardedDataLoader(PreparedDataLoader):
         return batches
 
     def _final_padding(self) -> int:
-        source = self.batch_sampler if hasattr(self.batch_sampler, "padding") else self.dataset
+        batches = self._index_batches()
+        source = batches if hasattr(batches, "padding") else self.dataset
         return int(getattr(source, "padding", 0))
 
     def merge_process_results(self, per_process: Sequence[Sequence[Any]]) -> list[Any]:
@@ -359,7 +376,9 @@ _MISSING = object()
 
 def _epoch_targets(loader: DataLoader) -> list[Any]:
     """The objects of ``loader`` that may want ``set_epoch``: sampler, batch sampler, dataset."""
-    inner = getattr(loader.batch_sampler, "batch_sampler", loader.batch_sampler)  # inside the sharding
+    # A sampler that yields whole batches (sampler=BatchSampler(...), batch_size=None) stands in for the batch sampler.
+    holder = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    inner = getattr(holder, "batch_sampler", holder)  # inside the sharding
     targets: list[Any] = []
     for candidate in (
         getattr(inner, "sampler", None),

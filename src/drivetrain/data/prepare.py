@@ -148,6 +148,13 @@ def prepare_data_loader(
         return _dispatching(dataloader, common, sizes, split_batches, even_batches, batch_size, batch_sampler)
     if iterable:
         return _iterable_sharded(dataloader, common, sizes, n, rank, split_batches, per_process)
+    if batch_sampler is None and isinstance(sampler, BatchSampler):
+        # DataLoader(sampler=BatchSampler(...), batch_size=None): the sampler hands out whole
+        # batches of indices, so it is shared out like a batch sampler.
+        sharded = ShardedBatchSampler(
+            sampler, n, rank, split_batches=split_batches, even_batches=even_batches
+        )
+        return ShardedDataLoader(dataloader.dataset, sampler=sharded, batch_size=None, **common, **sizes)
     if batch_sampler is None:
         if n > 1:
             raise ValueError(
@@ -272,6 +279,8 @@ def _dispatching(
 def _batch_size(dataloader: DataLoader) -> int | None:
     if dataloader.batch_size is not None:
         return dataloader.batch_size
+    if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
+        return dataloader.sampler.batch_size  # sampler=BatchSampler(...), batch_size=None
     return getattr(dataloader.batch_sampler, "batch_size", None)
 
 
@@ -302,7 +311,12 @@ def _sampler_generator(batch_sampler: Any, sampler: Any, seed: int) -> torch.Gen
     processes and cannot be rewound to redraw an epoch's order on resume. Its generator is
     copied from rank 0 at each epoch start (``rng_types`` ``"generator"``).
     """
-    for holder in (getattr(batch_sampler, "sampler", None), batch_sampler, sampler):
+    for holder in (
+        getattr(batch_sampler, "sampler", None),
+        batch_sampler,
+        getattr(sampler, "sampler", None),
+        sampler,
+    ):
         if holder is None or isinstance(holder, SeedableRandomSampler):
             continue
         if hasattr(holder, "generator"):

@@ -12,6 +12,7 @@ from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
     from drivetrain.facade.accelerator import Accelerator
+    from drivetrain.facade.process_state import AcceleratorState, PartialState
     from drivetrain.facade.state import GradientState
     from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
 
@@ -19,6 +20,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Accelerator": "drivetrain.facade.accelerator",
+        "AcceleratorState": "drivetrain.facade.process_state",
+        "PartialState": "drivetrain.facade.process_state",
         "GradientState": "drivetrain.facade.state",
         "PrecisionForward": "drivetrain.facade.wrappers",
         "PreparedOptimizer": "drivetrain.facade.wrappers",
@@ -28,7 +31,9 @@ __getattr__, __dir__ = lazy_exports(
 
 __all__ = [
     "Accelerator",
+    "AcceleratorState",
     "GradientState",
+    "PartialState",
     "PrecisionForward",
     "PreparedOptimizer",
     "PreparedScheduler",

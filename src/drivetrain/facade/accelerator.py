@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
     from drivetrain.connector import PluginInput
     from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.plugins.precision.precision import Precision
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import (
@@ -212,27 +213,19 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
 
     # -- what the run looks like ----------------------------------------------------------
     @property
-    def distributed_type(self) -> DistributedType:
-        """Accelerate's name for how the processes are organised."""
-        from drivetrain.utils.configuration import DistributedType
+    def state(self) -> AcceleratorState:
+        """This Accelerator's :class:`~drivetrain.facade.AcceleratorState` (a view of its processes)."""
+        state = self.__dict__.get("_state")
+        if state is None:
+            from drivetrain.facade.process_state import AcceleratorState
 
-        names = {cls.__name__ for cls in type(self.strategy).__mro__}
-        for marker, kind in (
-            ("DeepSpeedStrategy", DistributedType.DEEPSPEED),
-            ("FSDPStrategy", DistributedType.FSDP),
-            ("XLAStrategy", DistributedType.XLA),
-            ("SingleDeviceXLAStrategy", DistributedType.XLA),  # Accelerate says XLA for one TPU core too
-        ):
-            if marker in names:
-                return kind
-        if self.strategy.world_size == 1:
-            return DistributedType.NO
-        device_type = self.device.type
-        return {
-            "cuda": DistributedType.MULTI_GPU,
-            "xpu": DistributedType.MULTI_XPU,
-            "mps": DistributedType.MULTI_MPS,
-        }.get(device_type, DistributedType.MULTI_CPU)
+            state = self.__dict__["_state"] = AcceleratorState._view(self)
+        return state
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name for how the processes are organised (``state.distributed_type``)."""
+        return self.state.distributed_type
 
     @property
     def mixed_precision(self) -> str:

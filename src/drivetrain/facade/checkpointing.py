@@ -54,7 +54,11 @@ class Checkpointing(ProcessControl):
     _optimizers_checked_for: tuple[int, ...] | None = None
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state."""
+        """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state.
+
+        Raises:
+            ValueError: an object without ``state_dict()`` and ``load_state_dict()`` (as Accelerate).
+        """
         invalid = [
             obj
             for obj in objects
@@ -63,7 +67,7 @@ class Checkpointing(ProcessControl):
             )
         ]
         if invalid:
-            raise TypeError(
+            raise ValueError(
                 f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have "
                 f"not: {', '.join(f'{type(o).__name__} ({o!r:.40})' for o in invalid)}."
             )
@@ -117,32 +121,45 @@ class Checkpointing(ProcessControl):
             load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
                 which can run code from the files: only for checkpoints from a trusted source.
                 By default only tensors, plain values and allow-listed classes are read.
+            map_location: (keyword) where saved tensors are read to before they are restored:
+                ``"cpu"`` or ``"on_device"`` (this process's device); by default where they were
+                saved from. Sharded states are read straight into the live shards.
+
+        Each process may pass its own directory (one per process, as it gave to
+        :meth:`save_state`): every process then restores its own generators and loader
+        positions from it, and the shared state from the main process's directory.
 
         Returns:
             The directory loaded.
         """
         from drivetrain.plugins.io.atomic import resolve
-        from drivetrain.strategies.checkpointing import read_checkpoint, restore_process_state
+        from drivetrain.strategies.checkpointing import rank_paths, read_checkpoint, restore_process_state
 
+        map_location = self._map_location(kwargs.pop("map_location", None))
         _no_model_kwargs("load_state", kwargs)
         weights_only = _weights_only(load_kwargs)
         self._require_processes("load_state")
         config = self.project_configuration
         directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
-        if resolve(paths.join(directory, STATE_FILE)) is None:
+        located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
+        if resolve(located.shared) is None:
+            where = f"'{paths.parent(located.shared)}'" + (
+                " (the main process's directory)" if located.per_process else ""
+            )
             raise FileNotFoundError(
-                f"No drivetrain training state in '{directory}' (expected '{STATE_FILE}' inside, written by "
+                f"No drivetrain training state in {where} (expected '{STATE_FILE}' inside, written by "
                 f"Accelerator.save_state). Pass the directory save_state wrote."
             )
         door = {f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)}
         door.update({"accumulation_step": 0, "iteration": 0})
         loaded = read_checkpoint(
             self.strategy,
-            paths.join(directory, STATE_FILE),
+            located,
             self._training_objects(),
             door,
             weights_only=weights_only,
             opt_out=_OPT_OUT,
+            map_location=map_location,
         )
         _check_registered_objects(directory, loaded.rest, len(self._custom_objects))
         assert loaded.process is not None  # a full (not models-only) read
@@ -172,6 +189,17 @@ class Checkpointing(ProcessControl):
                 f"(model, optimizer = accelerator.prepare(model, optimizer)), or register it for checkpointing "
                 f"(accelerator.register_for_checkpointing(optimizer))."
             )
+
+    def _map_location(self, value: Any) -> Any:
+        """Accelerate's ``map_location`` values: ``None``, ``"cpu"``, ``"on_device"`` (this process's device)."""
+        if value is None or value == "cpu":
+            return value
+        if value == "on_device":
+            return self.strategy.root_device
+        raise ValueError(
+            f"load_state(map_location={value!r}) is not supported; use None (where the tensors were saved from), "
+            f"'cpu' or 'on_device' (this process's device)."
+        )
 
     def _training_objects(self) -> TrainingObjects:
         from drivetrain.strategies.checkpointing import TrainingObjects

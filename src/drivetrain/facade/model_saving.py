@@ -17,7 +17,7 @@ from torch import nn
 
 from drivetrain._utilities import paths
 from drivetrain.facade.process_control import ProcessControl
-from drivetrain.facade.wrappers import PrecisionForward
+from drivetrain.utils.modeling import finish_unwrap
 
 if TYPE_CHECKING:
     from drivetrain.utils.configuration import ProjectConfiguration
@@ -31,17 +31,15 @@ class ModelSaving(ProcessControl):
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> nn.Module:
-        """The user's module inside the strategy's wrappers (and, unless asked, its precision wrapper)."""
-        inner = self.strategy.unwrap_module(model)
-        if not keep_fp32_wrapper and isinstance(inner.__dict__.get("forward"), PrecisionForward):
-            del inner.forward
-        if keep_torch_compile:
-            outer: Any = model
-            while isinstance(outer, nn.parallel.DistributedDataParallel):
-                outer = outer.module
-            if hasattr(outer, "_orig_mod"):
-                return outer
-        return inner
+        """The user's module inside the strategy's wrappers (DDP, ``nn.DataParallel``, DeepSpeed …).
+
+        Args:
+            model: a prepared module (or any module).
+            keep_fp32_wrapper: ``False`` also takes off the precision's forward wrapper (autocast).
+            keep_torch_compile: return the ``torch.compile`` module when it wraps the user's module
+                directly; one compiled around a parallel wrapper is stripped with it.
+        """
+        return finish_unwrap(model, self.strategy.unwrap_module(model), keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s state dict as the strategy assembles it (whole, even when sharded)."""

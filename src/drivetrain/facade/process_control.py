@@ -173,7 +173,11 @@ class ProcessControl:
         return gathered
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sum (or average: ``reduction="mean"``) ``tensor`` over all processes, times ``scale``."""
+        """Reduce ``tensor`` (nested allowed) over all processes, times ``scale``.
+
+        ``reduction``: ``"sum"`` (default), ``"mean"``, ``"max"``, ``"min"``, ``"product"``, or
+        ``"none"`` (no communication).
+        """
         self._require_processes("reduce")
         return collectives.reduce(self.strategy, tensor, reduction, scale)
 

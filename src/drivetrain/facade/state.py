@@ -39,6 +39,15 @@ class GradientState(GradientAccumulation):
 
         self.loaders = ActiveLoaders()
 
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Accelerate resets its singleton here; drivetrain has none (each Accelerator owns its GradientState)."""
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared loader is being iterated."""
+        return self.loaders.current is not None
+
     @property
     def active_dataloader(self) -> PreparedDataLoader | None:
         """The innermost prepared loader being iterated."""

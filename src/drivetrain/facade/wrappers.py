@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain.plugins.precision.forward import PrecisionForward
+
 if TYPE_CHECKING:
     from drivetrain.facade.state import GradientState
     from drivetrain.plugins.precision.precision import Precision
@@ -27,6 +29,8 @@ _DELEGATED_HOOKS = (
     "register_load_state_dict_pre_hook",
     "register_load_state_dict_post_hook",
 )
+
+__all__ = ["PrecisionForward", "PreparedOptimizer", "PreparedScheduler"]
 
 
 class PreparedOptimizer(Optimizer):
@@ -201,24 +205,3 @@ class PreparedScheduler:
 
     def __repr__(self) -> str:
         return f"PreparedScheduler({self.scheduler!r})"
-
-
-class PrecisionForward:
-    """A module's ``forward`` run inside the precision's forward context, outputs converted back.
-
-    Installed as the module's ``forward`` only when ``precision.changes_forward`` (autocast, a
-    16-bit model): with full precision the module is not touched at all.
-    """
-
-    def __init__(self, forward: Callable[..., Any], precision: Precision) -> None:
-        self.original = forward
-        self.precision = precision
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        precision = self.precision
-        args = precision.convert_input(args)
-        if kwargs:
-            kwargs = precision.convert_input(kwargs)
-        with precision.forward_context():
-            output = self.original(*args, **kwargs)
-        return precision.convert_output(output)

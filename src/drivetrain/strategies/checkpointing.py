@@ -26,6 +26,11 @@ What the doors add: the Trainer ``"epoch"``, ``"global_step"``, ``"hyper_paramet
 hooks put in; the Accelerator ``"custom_<i>"`` (objects given to ``register_for_checkpointing``),
 ``"accumulation_step"`` and ``"iteration"``.
 
+Each process may name its own place (``save_state(f"ckpt-{rank}")``, a temporary directory per
+process): the shared entries are then written once, where global rank 0 asked, and every
+process also writes its own record next to its own path (``<path>.process<rank>``); reading from
+the same per-process places restores every process from its own record.
+
 Writing is crash-safe because each strategy's ``save_state`` is (write under a temporary name,
 verify, publish atomically); callers prune older checkpoints only after :func:`write_checkpoint`
 returns. Reading is safe by default (``weights_only``); see :mod:`drivetrain.plugins.io.safe_loading`.
@@ -157,21 +162,61 @@ def checkpoint_entries(
     return entries
 
 
+@dataclass(frozen=True)
+class RankPaths:
+    """Where the processes asked to write or read one checkpoint (see :func:`rank_paths`)."""
+
+    #: Where the shared entries are: the path global rank 0 gave.
+    shared: str
+    #: The path this process gave.
+    own: str
+    #: Whether the processes gave different paths (each then has its own record beside its path).
+    per_process: bool
+
+
+def rank_paths(strategy: Strategy, path: str | os.PathLike[str]) -> RankPaths:
+    """Compare the checkpoint path every process gave (a collective when there are several processes)."""
+    own = paths.normalize(path)
+    if strategy.world_size == 1:
+        return RankPaths(own, own, False)
+    given = strategy.all_gather_object(own if paths.is_remote(own) else os.path.abspath(own))
+    per_process = len(set(given)) > 1
+    return RankPaths(given[0] if per_process else own, own, per_process)
+
+
+def process_record_path(path: str | os.PathLike[str], rank: int) -> str:
+    """Where a process that gave its own checkpoint path keeps its record: beside that path."""
+    return paths.join(paths.parent(path), f"{paths.name(path)}.process{rank}")
+
+
 def write_checkpoint(strategy: Strategy, path: str | os.PathLike[str], entries: dict[str, Any]) -> None:
     """Write ``entries`` to ``path`` on every process's behalf; every process calls it.
 
     The strategy writes it its way (one file, or a folder every rank contributes to) under a
     temporary name, verifies it and publishes it atomically; when this returns on any process
-    the checkpoint is complete under ``path``, and callers may prune older ones.
+    the checkpoint is complete under ``path``, and callers may prune older ones. When the
+    processes give different paths, the shared entries go to global rank 0's and each process's
+    own record (generators, loader positions) beside its own path as well.
     """
-    strategy.save_state(os.fspath(path), entries)
+    where = rank_paths(strategy, path)
+    strategy.save_state(where.shared, entries)
+    if where.per_process and PROCESSES in entries:
+        _write_process_record(where.own, strategy.global_rank, entries[PROCESSES][strategy.global_rank])
     strategy.barrier("drivetrain.write_checkpoint")
+
+
+def _write_process_record(path: str, rank: int, record: dict[str, Any]) -> None:
+    import torch
+
+    from drivetrain.plugins.io.atomic import write_file
+
+    write_file(process_record_path(path, rank), lambda target: torch.save({PROCESSES: record}, target))
 
 
 # -- reading ---------------------------------------------------------------------------------------
 def read_checkpoint(
     strategy: Strategy,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | RankPaths,
     objects: TrainingObjects,
     door_entries: dict[str, Any] | None = None,
     *,
@@ -180,6 +225,7 @@ def read_checkpoint(
     models_only: bool = False,
     strict: bool = True,
     translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    map_location: Any | None = None,
 ) -> LoadedCheckpoint:
     """Restore ``objects`` (and the door's live entries) from ``path``; every process calls it.
 
@@ -195,6 +241,10 @@ def read_checkpoint(
             (``load_state_dict(strict=False)``; the Trainer passes the module's ``strict_loading``).
         translate: turns a single-file checkpoint of another schema (Lightning's) into this one
             before anything is restored; such a checkpoint may lack the per-process records.
+        map_location: where the strategy reads the saved tensors to before restoring them.
+
+    ``path`` may differ between processes, as it may for :func:`write_checkpoint`: the shared
+    entries are then read from global rank 0's path and each process's record from beside its own.
 
     Raises:
         FileNotFoundError: nothing was published at ``path``.
@@ -202,10 +252,11 @@ def read_checkpoint(
         ValueError: the checkpoint holds more models, optimizers or schedulers than ``objects``.
         DamagedCheckpointError, UnsafeCheckpointError: see :mod:`drivetrain.plugins.io.safe_loading`.
     """
-    located = resolve(path)
+    where = path if isinstance(path, RankPaths) else rank_paths(strategy, path)
+    located = resolve(where.shared)
     if located is None:
-        shown = path if paths.is_remote(path) else Path(path).resolve()
-        raise FileNotFoundError(f"No checkpoint at '{path}' (resolved to '{shown}').")
+        shown = where.shared if paths.is_remote(where.shared) else Path(where.shared).resolve()
+        raise FileNotFoundError(f"No checkpoint at '{where.shared}' (resolved to '{shown}').")
     live: dict[str, Any] = {model_key(index): model for index, model in enumerate(objects.models)}
     if not models_only:
         live.update({optimizer_key(index): opt for index, opt in enumerate(objects.optimizers)})
@@ -214,18 +265,21 @@ def read_checkpoint(
     door_entries = dict(door_entries or {})
     live.update(door_entries)
     try:
-        # weights_only is passed only when it differs from the default: a user strategy's
-        # load_state may predate the argument.
+        # weights_only and map_location are passed only when they differ from the defaults: a
+        # user strategy's load_state may predate the arguments.
         strict = strict or not models_only  # resuming needs every entry; only the weights may differ
         if translate is not None:
-            checkpoint = translate(strategy.load_checkpoint(located, weights_only=weights_only))
+            checkpoint = translate(strategy.load_checkpoint(located, map_location, weights_only=weights_only))
             if PROCESSES not in checkpoint:
                 live.pop(PROCESSES, None)
             rest = strategy._checkpoint_into_state(checkpoint, live, strict)
-        elif weights_only:
-            rest = strategy.load_state(located, live, strict=strict)
         else:
-            rest = strategy.load_state(located, live, strict=strict, weights_only=False)
+            options: dict[str, Any] = {}
+            if not weights_only:
+                options["weights_only"] = False
+            if map_location is not None:
+                options["map_location"] = map_location
+            rest = strategy.load_state(located, live, strict=strict, **options)
     except UnsafeCheckpointError as error:
         raise error.with_opt_out(opt_out) from None
     except KeyError:
@@ -235,13 +289,23 @@ def read_checkpoint(
     process = None
     if not models_only:
         _check_counts(located, live[META], objects)
-        if PROCESSES in live:
+        own_record = process_record_path(where.own, strategy.global_rank)
+        if where.per_process and paths.isfile(own_record):
+            process = _read_process_record(own_record, weights_only)
+        elif PROCESSES in live:
             process = state_for_rank(
-                live[PROCESSES], strategy.global_rank, strategy.world_size, source=str(path)
+                live[PROCESSES], strategy.global_rank, strategy.world_size, source=str(where.shared)
             )
     return LoadedCheckpoint(
         path=located, process=process, entries={name: live[name] for name in door_entries}, rest=rest
     )
+
+
+def _read_process_record(path: str, weights_only: bool) -> dict[str, Any]:
+    from drivetrain.plugins.io.safe_loading import load_torch_file
+
+    record: dict[str, Any] = load_torch_file(path, weights_only=weights_only)[PROCESSES]
+    return record
 
 
 def _explain_missing(

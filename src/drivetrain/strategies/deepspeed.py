@@ -409,11 +409,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         strict: bool = True,
         *,
         weights_only: bool = True,
+        map_location: Any | None = None,
     ) -> dict[str, Any]:
         """Restore the engine (and its optimizer, when named in ``state``) and the other entries.
 
         Every file is read with ``weights_only=True`` (DeepSpeed's own checkpoint classes
-        allowed) unless ``weights_only=False``.
+        allowed) unless ``weights_only=False``. DeepSpeed reads its files into the engine's
+        partitions where they live, so ``map_location`` changes nothing here.
         """
         _refuse_remote(path)
         from drivetrain.strategies.deepspeed_checkpoint import load_engine_state

@@ -350,8 +350,13 @@ class FSDPStrategy(ParallelStrategy):
         strict: bool = True,
         *,
         weights_only: bool = True,
+        map_location: Any | None = None,
     ) -> dict[str, Any]:
-        """Load a sharded directory or a full file (whichever ``path`` is) into the live objects of ``state``."""
+        """Load a sharded directory or a full file (whichever ``path`` is) into the live objects of ``state``.
+
+        A sharded directory is read straight into the live shards, wherever they are, so
+        ``map_location`` applies to a full file only.
+        """
         from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint, load_sharded
 
         state = state if state is not None else {}
@@ -362,7 +367,7 @@ class FSDPStrategy(ParallelStrategy):
                 f"{path} is a directory but not a sharded checkpoint (no DCP .metadata inside). Pass the directory "
                 f"FSDPStrategy.save_state wrote, or a full checkpoint file."
             )
-        return super().load_state(path, state, strict, weights_only=weights_only)
+        return super().load_state(path, state, strict, weights_only=weights_only, map_location=map_location)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

@@ -364,6 +364,15 @@ class ParallelStrategy(Strategy):
     def debug_collectives(self) -> bool:
         return self._debug_collectives
 
+    @debug_collectives.setter
+    def debug_collectives(self, value: bool) -> None:
+        """Turn the checks on or off between collectives; every rank must do it at the same point."""
+        if not isinstance(value, bool):
+            raise TypeError(f"debug_collectives must be True or False, got {value!r}.")
+        self._debug_collectives = value
+        monitor = self._monitor
+        monitor.debug = value and monitor.store is not None and monitor.world_size > 1
+
     def _collective(self, operation: str, payload: Any, function: Callable[..., Any], *args: Any) -> Any:
         """Run one collective: refused after this rank failed, noted for the checks, explained if a peer died."""
         failure = self._failure

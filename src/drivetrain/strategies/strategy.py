@@ -373,14 +373,7 @@ class Strategy:
     # -- state -------------------------------------------------------------------------------
     def unwrap_module(self, module: nn.Module) -> nn.Module:
         """The user's module inside whatever the strategy (or ``torch.compile``) wrapped it in."""
-        while True:
-            inner: Any = module
-            if hasattr(inner, "_orig_mod"):  # torch.compile's OptimizedModule
-                module = inner._orig_mod
-            elif isinstance(module, nn.parallel.DistributedDataParallel):
-                module = inner.module
-            else:
-                return module
+        return unwrap_parallel(module)
 
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         return self.unwrap_module(module).state_dict()
@@ -414,6 +407,7 @@ class Strategy:
         strict: bool = True,
         *,
         weights_only: bool = True,
+        map_location: Any | None = None,
     ) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save_state` into the live objects of ``state``.
 
@@ -425,13 +419,15 @@ class Strategy:
             weights_only: read the checkpoint safely (tensors, containers, plain values and
                 allow-listed classes only). ``False`` unpickles anything, which can run code from
                 the file: only for checkpoints from a trusted source.
+            map_location: where the file's tensors are read to before they are copied into the
+                live objects (as for ``torch.load``; ``None``: where they were saved from).
 
         Raises:
             KeyError: ``strict`` and an entry of ``state`` is missing from the checkpoint.
             DamagedCheckpointError: the checkpoint is truncated, empty or not a checkpoint.
             UnsafeCheckpointError: it holds objects safe loading refuses.
         """
-        checkpoint = self.load_checkpoint(path, weights_only=weights_only)
+        checkpoint = self.load_checkpoint(path, map_location, weights_only=weights_only)
         return self._checkpoint_into_state(checkpoint, state if state is not None else {}, strict)
 
     def _state_to_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -536,6 +532,18 @@ class Strategy:
     def __repr__(self) -> str:
         device = self.root_device if self._accelerator is not None else "unset"
         return f"{type(self).__name__}(device={device}, precision={self._precision!r})"
+
+
+def unwrap_parallel(module: nn.Module) -> nn.Module:
+    """``module`` without ``torch.compile``, ``DistributedDataParallel`` and ``nn.DataParallel`` around it."""
+    while True:
+        inner: Any = module
+        if hasattr(inner, "_orig_mod"):  # torch.compile's OptimizedModule
+            module = inner._orig_mod
+        elif isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            module = inner.module
+        else:
+            return module
 
 
 def _check_reduce_op(reduce_op: str) -> None:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         InitProcessGroupKwargs,
         KwargsHandler,
     )
+    from drivetrain.utils.modeling import extract_model_from_parallel
     from drivetrain.utils.operations import (
         broadcast,
         broadcast_object_list,
@@ -75,6 +76,7 @@ __getattr__, __dir__ = lazy_exports(
         "GradScalerKwargs": "drivetrain.utils.kwargs_handlers",
         "InitProcessGroupKwargs": "drivetrain.utils.kwargs_handlers",
         "KwargsHandler": "drivetrain.utils.kwargs_handlers",
+        "extract_model_from_parallel": "drivetrain.utils.modeling",
         "broadcast": "drivetrain.utils.operations",
         "broadcast_object_list": "drivetrain.utils.operations",
         "gather": "drivetrain.utils.operations",
@@ -106,6 +108,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "compute_module_sizes",
+    "extract_model_from_parallel",
     "gather",
     "gather_object",
     "infer_auto_device_map",

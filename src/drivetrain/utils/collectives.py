@@ -22,7 +22,7 @@ from drivetrain.strategies.collective_monitor import CollectiveMismatchError
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "min", "product", "none")
 
 
 def map_tensors(data: Any, function: Callable[[Tensor], Any], operation: str) -> Any:
@@ -132,7 +132,11 @@ def drop_repeated(data: Any, count: int) -> Any:
 
 
 def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum or average every tensor of ``data`` over all processes (``"none"``: no communication)."""
+    """Reduce every tensor of ``data`` over all processes, elementwise, then multiply it by ``scale``.
+
+    ``reduction`` is ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"product"`` (the strategy's
+    collectives), or ``"none"`` (a copy, no communication).
+    """
     if reduction not in REDUCTIONS:
         raise ValueError(
             f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, REDUCTIONS))}."

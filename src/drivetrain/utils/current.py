@@ -31,11 +31,17 @@ def set_current(owner: HasStrategy) -> None:
     _owners.append(weakref.ref(owner))
 
 
-def current_strategy() -> Strategy | None:
-    """The strategy of the latest owner announced with :func:`set_current` that is still alive, if any."""
+def current_owner() -> HasStrategy | None:
+    """The latest owner announced with :func:`set_current` that is still alive, if any."""
     while _owners:
         owner = _owners[-1]()
         if owner is not None:
-            return owner.strategy
+            return owner
         _owners.pop()
     return None
+
+
+def current_strategy() -> Strategy | None:
+    """The strategy of the latest owner announced with :func:`set_current` that is still alive, if any."""
+    owner = current_owner()
+    return owner.strategy if owner is not None else None

@@ -67,7 +67,8 @@ def gather_object(object: Any) -> Any:
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
-    """Reduce tensors (nested allowed) over all processes: ``"mean"`` (default here), ``"sum"``, ``"none"``."""
+    """Reduce tensors (nested allowed) over all processes: ``"mean"`` (default here), ``"sum"``, ``"max"``,
+    ``"min"``, ``"product"``, or ``"none"``."""
     return collectives.reduce(_strategy("reduce"), tensor, reduction, scale)
 
 

@@ -56,6 +56,16 @@ class SubprocessScriptLauncher(Launcher):
         self._ended: list[tuple[int, int]] = []  # (rank, exit code) of children, in the order they ended
         self._namespace = ""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled Accelerator) watches no processes: the children, the store and the lock stay here.
+        state = self.__dict__.copy()
+        state.update(_children=[], _store=None, _lock=None, _ended=[])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def is_interactive_compatible(self) -> bool:
         return False

@@ -1,0 +1,203 @@
+"""Accelerate behaviours drivetrain.Accelerator matches (issue 12): state views, pickling, per-process
+checkpoint directories, batch samplers given as samplers, unwrapping, ``map_location``.
+
+The 2-process checks share one launch (``_rank``); each test below reads its part of the results.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, TensorDataset
+
+import drivetrain as dt
+from drivetrain.facade import AcceleratorState, GradientState, PartialState
+from drivetrain.utils import (
+    DistributedOperationException,
+    DistributedType,
+    extract_model_from_parallel,
+    gather,
+)
+from helpers.multiprocess import run_processes
+
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "parity", "TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_RANK": "0"}
+
+
+class Indexed(Dataset):  # type: ignore[type-arg]
+    """Items 0..n-1; indexed by a list of indices (a batch sampler used as the sampler) it returns them all."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return torch.tensor(index)
+
+
+def _states(out: dict[str, Any]) -> None:
+    # Before any Accelerator exists: the state joins the launcher's processes by itself.
+    state = PartialState(cpu=True)
+    out["partial"] = (state.num_processes, state.process_index, state.distributed_type, str(state.device))
+    out["free_gather"] = gather(torch.tensor([state.process_index])).tolist()  # the free functions find it
+    with state.split_between_processes(["a", "b", "c"]) as share:
+        out["split"] = share
+    state.debug = True  # as Accelerate's test_ops: checked collectives from here on
+    try:
+        gather(torch.ones(1 + state.process_index))
+    except DistributedOperationException as error:
+        out["debug_error"] = str(error)
+    state.debug = False
+
+    accelerator = dt.Accelerator(cpu=True, mixed_precision="bf16")
+    view = AcceleratorState()  # the latest Accelerator's
+    out["accelerator_state"] = (view.mixed_precision, view.num_processes, accelerator.state.process_index)
+    accelerator.state.distributed_type = (
+        DistributedType.FSDP
+    )  # a script may assign it (Accelerate's tests do)
+    out["assigned"] = (accelerator.distributed_type, PartialState().distributed_type)
+
+
+def _pickles(out: dict[str, Any], rank: int) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    model = nn.Linear(2, 1)
+    model, _optimizer, loader = accelerator.prepare(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2),
+    )
+    copy = pickle.loads(pickle.dumps(accelerator))
+    out["pickled"] = (
+        copy.state.__dict__ == accelerator.state.__dict__,
+        copy.process_index,
+        [batch[0].tolist() for batch in copy._dataloaders[0]] == [batch[0].tolist() for batch in loader],
+    )
+
+
+def _batch_sampler_as_sampler(out: dict[str, Any], rank: int) -> None:
+    torch.manual_seed(rank)  # different global seeds: the processes must still share one order
+    accelerator = dt.Accelerator(cpu=True)
+    data = Indexed(22)
+    loader = DataLoader(
+        data, sampler=BatchSampler(RandomSampler(data), batch_size=4, drop_last=False), batch_size=None
+    )
+    prepared = accelerator.prepare(loader)
+    seen = [accelerator.gather_for_metrics(batch).tolist() for batch in prepared]
+    out["batch_sampler"] = (len(prepared), sorted(i for batch in seen for i in batch))
+
+
+def _per_process_directories(out: dict[str, Any], rank: int) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    model = nn.Linear(2, 1)
+    model, _optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(40.0)), batch_size=2, shuffle=True))
+    with tempfile.TemporaryDirectory() as directory:  # one per process, as in Accelerate's test
+        expected, resumed = [], []
+        for step, (batch,) in enumerate(loader):
+            if step == 2:
+                accelerator.save_state(directory)
+                draws = torch.rand(3).tolist()
+            if step > 2:
+                expected.append(batch.tolist())
+        out["files"] = sorted(path.name for path in Path(directory).iterdir())
+        accelerator.load_state(directory, map_location="on_device")
+        out["rng"] = torch.rand(3).tolist() == draws
+        resumed = [batch.tolist() for (batch,) in loader]
+        out["resumed"] = resumed == expected and len(expected) > 0
+
+
+def _rank(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    _states(out)
+    _pickles(out, rank)
+    _batch_sampler_as_sampler(out, rank)
+    _per_process_directories(out, rank)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict[str, Any]]:
+    return run_processes(_rank, 2, process_group=False, env=TORCHRUN, timeout=120)
+
+
+@pytest.mark.multiprocess
+def test_state_views_of_the_processes(results: list[dict[str, Any]]) -> None:
+    for rank, out in enumerate(results):
+        assert out["partial"] == (2, rank, DistributedType.MULTI_CPU, "cpu")
+        assert out["free_gather"] == [0, 1]
+        assert out["accelerator_state"] == ("bf16", 2, rank)
+        assert out["assigned"] == (DistributedType.FSDP, DistributedType.MULTI_CPU)
+        assert "rank 0: all_gather(shape (1,)" in out["debug_error"]
+        assert "rank 1: all_gather(shape (2,)" in out["debug_error"]
+    assert (results[0]["split"], results[1]["split"]) == (["a", "b"], ["c"])
+
+
+@pytest.mark.multiprocess
+def test_an_accelerator_pickles_with_its_prepared_objects(results: list[dict[str, Any]]) -> None:
+    assert [out["pickled"] for out in results] == [(True, 0, True), (True, 1, True)]
+
+
+@pytest.mark.multiprocess
+def test_a_batch_sampler_given_as_the_sampler_is_shared_out(results: list[dict[str, Any]]) -> None:
+    for out in results:
+        assert out["batch_sampler"] == (3, list(range(22)))  # 6 batches dealt to 2 processes, each item once
+
+
+@pytest.mark.multiprocess
+def test_save_state_into_a_directory_per_process_resumes_every_process(results: list[dict[str, Any]]) -> None:
+    zero, one = results
+    assert zero["files"] == ["state.ckpt", "state.ckpt.process0"]
+    assert one["files"] == ["state.ckpt.process1"]
+    for out in results:
+        assert out["rng"] and out["resumed"]
+
+
+# torch.compile imports torch.fx, whose import uses the deprecated torch.jit.script_method.
+@pytest.mark.filterwarnings(r"ignore:`torch\.jit\.script_method` is deprecated:DeprecationWarning")
+def test_unwrap_model_strips_data_parallel_and_compile() -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    model = nn.Linear(2, 1)
+    parallel = nn.DataParallel(model)
+    assert accelerator.unwrap_model(parallel) is model
+    assert extract_model_from_parallel(parallel) is model
+    compiled_parallel = torch.compile(parallel)
+    assert accelerator.unwrap_model(compiled_parallel) is model
+    assert extract_model_from_parallel(compiled_parallel, keep_torch_compile=False) is model
+    compiled = torch.compile(model)
+    assert accelerator.unwrap_model(nn.DataParallel(compiled)) is compiled  # keep_torch_compile=True
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+
+
+def test_load_state_map_location(tmp_path: Path) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    model = accelerator.prepare(nn.Linear(2, 1))
+    accelerator.save_state(tmp_path)
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state(tmp_path, map_location="cpu")
+    assert model.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"load_state\(map_location='gpu'\) is not supported; use None"):
+        accelerator.load_state(tmp_path, map_location="gpu")
+
+
+def test_states_without_singletons() -> None:
+    first, second = dt.Accelerator(cpu=True), dt.Accelerator(cpu=True, mixed_precision="bf16")
+    first.state.distributed_type = DistributedType.DEEPSPEED
+    assert (
+        second.distributed_type == DistributedType.NO and first.distributed_type == DistributedType.DEEPSPEED
+    )
+    assert (first.state.mixed_precision, second.state.mixed_precision) == ("no", "bf16")
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    assert first.state.num_processes == 1 and first.gradient_state is not second.gradient_state
+    with pytest.raises(TypeError, match=r"PartialState\(backend=...\) is not supported"):
+        PartialState(backend="gloo")
+    with pytest.raises(AttributeError, match="cannot be set"):
+        first.state.num_processes = 3  # type: ignore[misc]
