@@ -17,6 +17,8 @@ _LAZY = {
     "Accelerator": "drivetrain.facade",
     "AcceleratorState": "drivetrain.facade",
     "PartialState": "drivetrain.facade",
+    "SeedableRandomSampler": "drivetrain.data.seeding",
+    "skip_first_batches": "drivetrain.data.prepare",
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
     "DataModule": "drivetrain.trainer",
@@ -34,6 +36,7 @@ __all__ = [
     "AcceleratorState",
     "DataModule",
     "PartialState",
+    "SeedableRandomSampler",
     "Trainer",
     "TrainingModule",
     "__version__",
@@ -45,6 +48,7 @@ __all__ = [
     "init_on_device",
     "load_checkpoint_and_dispatch",
     "seed_everything",
+    "skip_first_batches",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names above
@@ -58,6 +62,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         load_checkpoint_and_dispatch,
     )
     from drivetrain.connector import connect
+    from drivetrain.data.prepare import skip_first_batches
+    from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
 

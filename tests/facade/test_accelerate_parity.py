@@ -23,6 +23,7 @@ from drivetrain.utils import (
     DistributedType,
     extract_model_from_parallel,
     gather,
+    synchronize_rng_states,
 )
 from helpers.multiprocess import run_processes
 
@@ -113,9 +114,32 @@ def _per_process_directories(out: dict[str, Any], rank: int) -> None:
         out["resumed"] = resumed == expected and len(expected) > 0
 
 
+def _joins_and_rng(out: dict[str, Any], rank: int) -> None:
+    accelerator = dt.Accelerator(cpu=True, even_batches=False)
+    model = accelerator.prepare(nn.Linear(1, 1))
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(3.0).unsqueeze(1)), batch_size=1))
+    steps = []
+    with accelerator.join_uneven_inputs([model]):  # rank 0 has 2 batches, rank 1 one: no hang
+        for step, (batch,) in enumerate(loader):
+            model(batch).sum().backward()
+            steps.append(step)
+    even = dt.Accelerator(cpu=True)
+    even_model = even.prepare(nn.Linear(1, 1))
+    even_loader = even.prepare(DataLoader(TensorDataset(torch.arange(3.0)), batch_size=1))
+    with even.join_uneven_inputs([even_model], even_batches=False):
+        inside = (even_loader.batch_sampler.even_batches, len([b for b in even_loader]))
+    out["join"] = (steps, inside, even_loader.batch_sampler.even_batches)
+
+    torch.manual_seed(rank)
+    generator = torch.Generator().manual_seed(10 + rank)
+    synchronize_rng_states(["torch", "generator"], generator=generator)
+    out["rng_synced"] = (torch.rand(2).tolist(), torch.rand(2, generator=generator).tolist())
+
+
 def _rank(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    _states(out)
+    _states(out)  # first: its PartialState sets up the process group
+    _joins_and_rng(out, rank)
     _pickles(out, rank)
     _batch_sampler_as_sampler(out, rank)
     _per_process_directories(out, rank)
@@ -137,6 +161,13 @@ def test_state_views_of_the_processes(results: list[dict[str, Any]]) -> None:
         assert "rank 0: all_gather(shape (1,)" in out["debug_error"]
         assert "rank 1: all_gather(shape (2,)" in out["debug_error"]
     assert (results[0]["split"], results[1]["split"]) == (["a", "b"], ["c"])
+
+
+@pytest.mark.multiprocess
+def test_join_uneven_inputs_and_synchronized_generators(results: list[dict[str, Any]]) -> None:
+    zero, one = results
+    assert zero["join"] == ([0, 1], (False, 2), True) and one["join"] == ([0], (False, 1), True)
+    assert zero["rng_synced"] == one["rng_synced"]
 
 
 @pytest.mark.multiprocess
@@ -201,3 +232,35 @@ def test_states_without_singletons() -> None:
         PartialState(backend="gloo")
     with pytest.raises(AttributeError, match="cannot be set"):
         first.state.num_processes = 3  # type: ignore[misc]
+
+
+def test_accelerate_variables_are_defaults_the_arguments_override(
+    monkeypatch: pytest.MonkeyPatch, hardware: Any
+) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")  # "off": nothing to warn about
+    from_environment = dt.Accelerator()
+    assert (from_environment.mixed_precision, from_environment.gradient_accumulation_steps) == ("bf16", 4)
+    assert from_environment.debug
+    explicit = dt.Accelerator(mixed_precision="no", gradient_accumulation_steps=2, debug=False)
+    assert (explicit.mixed_precision, explicit.gradient_accumulation_steps, explicit.debug) == (
+        "no",
+        2,
+        False,
+    )
+
+    hardware.cuda(1)  # a GPU is seen, but the job asks for the CPU
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    assert dt.Accelerator().device.type == "cpu"
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    with pytest.warns(
+        UserWarning, match=r"ACCELERATE_DYNAMO_BACKEND='inductor': drivetrain.Accelerator does not read"
+    ):
+        dt.Accelerator()
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp8' is not supported"):
+        dt.Accelerator()

@@ -63,10 +63,13 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         device_placement: put prepared models and batches on the device.
         split_batches: cut each batch into one slice per process (the batch size is global).
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (``fp16=True`` means ``"fp16"``); by
-            default ``drivetrain launch --mixed_precision`` (else ``"no"``).
+            default ``ACCELERATE_MIXED_PRECISION`` or ``drivetrain launch --mixed_precision``
+            (else ``"no"``).
         gradient_accumulation_steps: batches per optimizer step (use with :meth:`accumulate`); by
-            default ``drivetrain launch --gradient_accumulation_steps`` (else 1).
+            default ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` or ``drivetrain launch
+            --gradient_accumulation_steps`` (else 1).
         cpu: run on the CPU (``accelerator="cpu"``); under a launcher it still joins all processes.
+            ``ACCELERATE_USE_CPU=1`` means the same while ``accelerator`` is ``"auto"``.
         dataloader_config: a :class:`~drivetrain.utils.DataLoaderConfiguration`.
         rng_types: generators to synchronise at each epoch start besides the sampler's own:
             ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``, ``"generator"``.
@@ -127,10 +130,19 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         debug: bool | None = None,
     ) -> None:
         from drivetrain.data.rng import validate_rng_types
+        from drivetrain.strategies.launchers.overrides import accelerate_variables
 
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
+        # Accelerate's environment variables are defaults; the arguments given here win.
+        environment = accelerate_variables()
+        if mixed_precision is None and fp16 is None and precision is None:
+            mixed_precision = environment.mixed_precision
+        if gradient_accumulation_steps is None and gradient_accumulation_plugin is None:
+            gradient_accumulation_steps = environment.gradient_accumulation_steps
+        if environment.use_cpu and not cpu and isinstance(accelerator, str) and accelerator == "auto":
+            cpu = True
         #: Whether every collective first checks that all processes call it alike.
-        self.debug = settings.debug_mode(debug)
+        self.debug = settings.debug_mode(debug, environment.debug_mode)
         self.device_placement = device_placement
         self.dataloader_config = settings.data_config(
             dataloader_config, split_batches, dispatch_batches, even_batches

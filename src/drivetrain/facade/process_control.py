@@ -6,8 +6,9 @@ A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -16,8 +17,11 @@ from drivetrain._utilities import console
 from drivetrain.utils import collectives
 
 if TYPE_CHECKING:
+    from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.facade.state import GradientState
     from drivetrain.strategies.strategy import Strategy
+    from drivetrain.utils.configuration import DataLoaderConfiguration
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,7 +31,13 @@ class ProcessControl:
 
     strategy: Strategy
     gradient_state: GradientState
+    dataloader_config: DataLoaderConfiguration
+    _dataloaders: list[PreparedDataLoader]
     _trigger: bool
+
+    @property
+    def state(self) -> AcceleratorState:
+        raise NotImplementedError
 
     def _require_processes(self, what: str) -> None:
         """Raise if this Accelerator's processes are yet to be started (``ddp_spawn``/``ddp_fork``)."""
@@ -192,6 +202,63 @@ class ProcessControl:
         """Context manager giving this process its share of a list, tuple, tensor or dict of them."""
         self._require_processes("split_between_processes")
         return collectives.split_between_processes(self.strategy, inputs, apply_padding)
+
+    # -- uneven inputs -------------------------------------------------------------------------
+    @contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let processes run different numbers of batches with DDP (torch's ``Join`` over ``joinables``).
+
+        Args:
+            joinables: the prepared (DDP) models, and ``ZeroRedundancyOptimizer``s, to join.
+            even_batches: inside the block, the prepared map-style loaders use this instead of the
+                Accelerator's ``even_batches`` (``False``: no repeated items, uneven last batches).
+                Dispatching loaders (iterable data) keep theirs, with a warning.
+
+        With one process there is nothing to join; under strategies other than DDP it warns and
+        has no effect.
+        """
+        from drivetrain.utils.configuration import DistributedType
+
+        ddp_like = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)
+        kind = self.state.distributed_type
+        join = self.strategy.join(joinables, enable=False) if kind in ddp_like else None
+        if join is None:
+            if kind != DistributedType.NO:
+                warnings.warn(
+                    f"Joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP training; under "
+                    f"{kind.value} join_uneven_inputs has no effect.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            yield
+            return
+        overridden: list[tuple[Any, bool]] = []
+        if even_batches is None:
+            even_batches = self.dataloader_config.even_batches
+        else:
+            skipped = False
+            for loader in self._dataloaders:
+                sampler: Any = loader.batch_sampler
+                if not hasattr(sampler, "even_batches"):
+                    skipped = True
+                    continue
+                overridden.append((sampler, sampler.even_batches))
+                sampler.even_batches = even_batches
+            if skipped:
+                warnings.warn(
+                    "Overriding even_batches is only supported for map-style datasets, but some prepared loaders "
+                    "read iterable data; they keep their setting.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+        try:
+            with self.strategy.join(joinables, enable=not even_batches) or nullcontext():
+                yield
+        finally:
+            for sampler, value in overridden:
+                sampler.even_batches = value
 
     # -- triggers ---------------------------------------------------------------------------
     def set_trigger(self) -> None:

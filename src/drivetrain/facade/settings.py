@@ -182,25 +182,13 @@ def build_strategy(
     return built
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
-
-
-def debug_mode(debug: bool | None) -> bool:
+def debug_mode(debug: bool | None, from_environment: bool | None) -> bool:
     """``debug`` if given, else ``ACCELERATE_DEBUG_MODE`` (as Accelerate reads it), else off."""
     if debug is not None:
         if not isinstance(debug, bool):
             raise TypeError(f"Accelerator(debug=...) takes True or False, got {debug!r}.")
         return debug
-    value = os.environ.get("ACCELERATE_DEBUG_MODE")
-    if value is None or value.strip().lower() in _FALSE:
-        return False
-    if value.strip().lower() in _TRUE:
-        return True
-    raise ValueError(
-        f"ACCELERATE_DEBUG_MODE={value!r} is neither true nor false; set it to 1 or 0 (or unset it), or pass "
-        f"Accelerator(debug=True/False)."
-    )
+    return bool(from_environment)
 
 
 def _debug_strategy(strategy: Any, options: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import weakref
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -115,6 +116,13 @@ class DDPStrategy(ParallelStrategy):
             if hasattr(module, "reducer"):
                 del module.reducer
         self._wrapped.clear()
+
+    def join(self, joinables: Sequence[Any], enable: bool = True) -> AbstractContextManager[Any] | None:
+        """torch's ``Join`` over ``joinables`` (DDP modules, ``ZeroRedundancyOptimizer``): a process whose
+        data ran out keeps shadowing the others' all-reduces until every process is done."""
+        from torch.distributed.algorithms.join import Join
+
+        return Join(list(joinables), enable=enable, throw_on_early_termination=False)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         if enabled and isinstance(module, DistributedDataParallel):

@@ -369,8 +369,14 @@ class ParallelStrategy(Strategy):
         """Turn the checks on or off between collectives; every rank must do it at the same point."""
         if not isinstance(value, bool):
             raise TypeError(f"debug_collectives must be True or False, got {value!r}.")
-        self._debug_collectives = value
         monitor = self._monitor
+        if value and monitor.store is None and self.world_size > 1:
+            raise ValueError(
+                f"Debug mode checks collectives through the rendezvous store of the strategy that set up the "
+                f"process group, and this {type(self).__name__} joined a group set up elsewhere. Turn debug mode on "
+                f"for the first Accelerator of the process (Accelerator(debug=True), or ACCELERATE_DEBUG_MODE=1)."
+            )
+        self._debug_collectives = value
         monitor.debug = value and monitor.store is not None and monitor.world_size > 1
 
     def _collective(self, operation: str, payload: Any, function: Callable[..., Any], *args: Any) -> Any:

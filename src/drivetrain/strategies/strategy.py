@@ -10,7 +10,7 @@ through it. Every method on the per-step path (``backward``, ``optimizer_step``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -316,6 +316,14 @@ class Strategy:
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
         return nullcontext()
+
+    def join(self, joinables: Sequence[Any], enable: bool = True) -> AbstractContextManager[Any] | None:
+        """A context in which processes with fewer batches than others shadow their collectives.
+
+        ``None`` when the strategy cannot join uneven inputs (the base strategy: one process has
+        nobody to wait for). :class:`~drivetrain.strategies.DDPStrategy` uses torch's ``Join``.
+        """
+        return None
 
     def clip_gradients_norm(
         self,

@@ -95,6 +95,30 @@ def wait_for_everyone() -> None:
     _strategy("wait_for_everyone").barrier()
 
 
+def synchronize_rng_states(rng_types: Any, generator: torch.Generator | None = None) -> None:
+    """Give every process the main process's state of the generators named in ``rng_types``.
+
+    ``rng_types``: ``"torch"``, ``"generator"`` (then pass ``generator``), or the device's own
+    (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``, read through the hardware accelerator's RNG
+    hooks). A collective call: every process must make it.
+    """
+    from drivetrain.data import rng
+
+    names = rng.validate_rng_types(rng_types)
+    if "generator" in names and generator is None:
+        raise ValueError("synchronize_rng_states(['generator'], ...) needs the generator: pass generator=...")
+    rng.synchronize(_strategy("synchronize_rng_states"), names, generator)
+
+
+def synchronize_rng_state(rng_type: Any = None, generator: torch.Generator | None = None) -> None:
+    """:func:`synchronize_rng_states` for one generator name."""
+    if rng_type is None:
+        raise ValueError(
+            "synchronize_rng_state needs rng_type: 'torch', 'generator', 'cuda', 'xpu', 'mps' or 'xla'."
+        )
+    synchronize_rng_states([rng_type], generator)
+
+
 def send_to_device(
     tensor: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None
 ) -> Any:

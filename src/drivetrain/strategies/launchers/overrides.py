@@ -6,10 +6,15 @@ the script, after the script's own registrations ran. The same way, ``--mixed_pr
 ``--precision``) and ``--gradient_accumulation_steps`` reach the script's ``Accelerator`` or
 ``Trainer`` as their defaults: an argument the script passes explicitly wins (with a warning
 when the two disagree).
+
+Accelerate's own variables (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU`` …), which
+migrated job templates and ``accelerate launch`` set, are read here too, for
+``drivetrain.Accelerator`` (:func:`accelerate_variables`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -67,3 +72,82 @@ def accumulation_steps(given: int | None, setting: str) -> int | None:
             stacklevel=3,
         )
     return given
+
+
+# -- Accelerate's launcher variables (read by drivetrain.Accelerator) ---------------------------
+#: The ``ACCELERATE_*`` variables ``drivetrain.Accelerator`` honours (``accelerate launch`` sets them).
+HONOURED_ACCELERATE_VARIABLES = (
+    "ACCELERATE_MIXED_PRECISION",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "ACCELERATE_USE_CPU",
+    "ACCELERATE_DEBUG_MODE",
+)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class AccelerateVariables:
+    """What Accelerate's environment variables ask of an Accelerator (``None``: not set)."""
+
+    mixed_precision: str | None = None
+    gradient_accumulation_steps: int | None = None
+    use_cpu: bool | None = None
+    debug_mode: bool | None = None
+
+
+def accelerate_variables() -> AccelerateVariables:
+    """Read the ``ACCELERATE_*`` variables a migrated job template or ``accelerate launch`` sets.
+
+    The Accelerator takes them as defaults; its explicit arguments win. Any other ``ACCELERATE_*``
+    variable that is set to something other than an "off" value gets a warning naming it, so a
+    setting drivetrain does not read is never dropped silently.
+
+    Raises:
+        ValueError: a variable holds a value it cannot have.
+    """
+    precision = _value("ACCELERATE_MIXED_PRECISION")
+    if precision is not None and precision.lower() not in ("no", "fp16", "bf16"):
+        raise ValueError(
+            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported; use 'no', 'fp16' or 'bf16' (or unset it "
+            f"and pass drivetrain.Accelerator(precision=...))."
+        )
+    steps = _value("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    if steps is not None and (not steps.isdigit() or int(steps) < 1):
+        raise ValueError(
+            f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={steps!r} must be a positive integer (the batches per "
+            f"optimizer step); fix or unset it."
+        )
+    ignored = sorted(
+        name
+        for name, value in os.environ.items()
+        if name.startswith("ACCELERATE_")
+        and name not in HONOURED_ACCELERATE_VARIABLES
+        and value.strip().lower() not in _FALSE
+    )
+    if ignored:
+        warnings.warn(
+            f"{', '.join(f'{name}={os.environ[name]!r}' for name in ignored)}: drivetrain.Accelerator does not read "
+            f"{'this variable' if len(ignored) == 1 else 'these variables'} (it reads "
+            f"{', '.join(HONOURED_ACCELERATE_VARIABLES)}). Pass the setting to drivetrain.Accelerator(...) or "
+            f"drivetrain launch, and unset the variable.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return AccelerateVariables(
+        mixed_precision=precision.lower() if precision is not None else None,
+        gradient_accumulation_steps=int(steps) if steps is not None else None,
+        use_cpu=_flag("ACCELERATE_USE_CPU"),
+        debug_mode=_flag("ACCELERATE_DEBUG_MODE"),
+    )
+
+
+def _flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r} is neither true nor false; set it to 1 or 0, or unset it.")
