@@ -18,6 +18,7 @@ _LAZY = {
     "AcceleratorState": "drivetrain.facade",
     "PartialState": "drivetrain.facade",
     "SeedableRandomSampler": "drivetrain.data.seeding",
+    "find_executable_batch_size": "drivetrain.utils.memory",
     "skip_first_batches": "drivetrain.data.prepare",
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
@@ -44,6 +45,7 @@ __all__ = [
     "cpu_offload",
     "disk_offload",
     "dispatch_model",
+    "find_executable_batch_size",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
+    from drivetrain.utils.memory import find_executable_batch_size
 
 
 def __getattr__(name: str) -> Any:

@@ -60,12 +60,6 @@ ONE_PROCESS = (1,)
 TWO_PROCESSES = (2,)
 _GPU_ONLY = "returns at once unless the run is on GPUs (DistributedType.MULTI_GPU) or TPUs (XLA)"
 
-_STATE_GAP = "PartialState/AcceleratorState and accelerator.state (issue 12 parity, accelerate-api)"
-_RESET_GAP = (
-    "passes its checks, then calls GradientState._reset_state(), which drivetrain lacks (issue 12 parity)"
-)
-
-_JOIN_GAP = "Accelerator.join_uneven_inputs (issue 12 parity, accelerate-api)"
 
 _BOOLS = (True, False)
 _SYNC_COMBINATIONS = [
@@ -89,7 +83,6 @@ SCRIPTS: tuple[Script, ...] = (
             ),
             "test_copy_tensor_to_devices": NotApplicable(_GPU_ONLY),
         },
-        known_gaps={"<main>": _STATE_GAP},
     ),
     Script(
         name="test_sync",
@@ -120,11 +113,6 @@ SCRIPTS: tuple[Script, ...] = (
                 "asserts that gradients differ between processes inside a window: needs several", ONE_PROCESS
             ),
         },
-        known_gaps={
-            "<main>": _STATE_GAP,
-            "test_gradient_accumulation": _RESET_GAP,
-            "test_gradient_accumulation_with_opt_and_scheduler": _RESET_GAP,
-        },
     ),
     Script(
         name="test_script",
@@ -146,7 +134,6 @@ SCRIPTS: tuple[Script, ...] = (
                 "Accelerator owns its state, so prepare() keeps working"
             ),
         },
-        known_gaps={"<import>": "the is_*_available helpers of accelerate.utils (issue 12, accelerate-api)"},
     ),
     Script(
         name="test_distributed_data_loop",
@@ -162,13 +149,6 @@ SCRIPTS: tuple[Script, ...] = (
             )
         },
         script_not_applicable={1: "the script asserts that it runs on exactly 2 processes"},
-        known_gaps={
-            "<main>": _STATE_GAP,
-            "test_can_join_uneven_inputs": _JOIN_GAP,
-            "test_join_can_override_even_batches": _JOIN_GAP,
-            "test_join_can_override_for_mixed_type_dataloaders": _JOIN_GAP,
-            "test_join_raises_warning_for_iterable_when_overriding_even_batches": _JOIN_GAP,
-        },
     ),
     Script(
         name="test_metrics",
@@ -203,7 +183,6 @@ SCRIPTS: tuple[Script, ...] = (
                 ONE_PROCESS,
             ),
         },
-        known_gaps={"<main>": _STATE_GAP},
     ),
 )
 

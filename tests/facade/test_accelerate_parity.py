@@ -21,8 +21,12 @@ from drivetrain.facade import AcceleratorState, GradientState, PartialState
 from drivetrain.utils import (
     DistributedOperationException,
     DistributedType,
+    ProfileKwargs,
+    broadcast,
     extract_model_from_parallel,
+    find_executable_batch_size,
     gather,
+    release_memory,
     synchronize_rng_states,
 )
 from helpers.multiprocess import run_processes
@@ -55,6 +59,10 @@ def _states(out: dict[str, Any]) -> None:
         gather(torch.ones(1 + state.process_index))
     except DistributedOperationException as error:
         out["debug_error"] = str(error)
+    try:
+        broadcast({"t": torch.ones(1 + state.process_index)})
+    except DistributedOperationException as error:
+        out["debug_broadcast"] = str(error)
     state.debug = False
 
     accelerator = dt.Accelerator(cpu=True, mixed_precision="bf16")
@@ -130,6 +138,14 @@ def _joins_and_rng(out: dict[str, Any], rank: int) -> None:
         inside = (even_loader.batch_sampler.even_batches, len([b for b in even_loader]))
     out["join"] = (steps, inside, even_loader.batch_sampler.even_batches)
 
+    synced = dt.Accelerator(cpu=True)
+    twin = synced.prepare(nn.Linear(1, 1, bias=False))
+    with synced.no_sync(twin):
+        twin(torch.full((1, 1), float(rank + 1))).sum().backward()  # local: 1 and 2
+        with synced.trigger_sync_in_backward(twin):
+            twin(torch.full((1, 1), float(rank + 1))).sum().backward()  # all-reduced: (1+1 + 2+2) / 2
+    out["triggered"] = twin.module.weight.grad.item()
+
     torch.manual_seed(rank)
     generator = torch.Generator().manual_seed(10 + rank)
     synchronize_rng_states(["torch", "generator"], generator=generator)
@@ -160,6 +176,9 @@ def test_state_views_of_the_processes(results: list[dict[str, Any]]) -> None:
         assert out["assigned"] == (DistributedType.FSDP, DistributedType.MULTI_CPU)
         assert "rank 0: all_gather(shape (1,)" in out["debug_error"]
         assert "rank 1: all_gather(shape (2,)" in out["debug_error"]
+        assert (
+            "rank 0: {'t': 'shape (1,), torch.float32'}; rank 1: {'t': 'shape (2,)" in out["debug_broadcast"]
+        )
     assert (results[0]["split"], results[1]["split"]) == (["a", "b"], ["c"])
 
 
@@ -168,6 +187,7 @@ def test_join_uneven_inputs_and_synchronized_generators(results: list[dict[str, 
     zero, one = results
     assert zero["join"] == ([0, 1], (False, 2), True) and one["join"] == ([0], (False, 1), True)
     assert zero["rng_synced"] == one["rng_synced"]
+    assert zero["triggered"] == one["triggered"] == 3.0
 
 
 @pytest.mark.multiprocess
@@ -264,3 +284,50 @@ def test_accelerate_variables_are_defaults_the_arguments_override(
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
     with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp8' is not supported"):
         dt.Accelerator()
+
+
+def test_find_executable_batch_size_halves_until_it_fits() -> None:
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size: int, scale: int) -> int:
+        tried.append(batch_size)
+        if batch_size > 16:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch_size * scale
+
+    assert train(10) == 160 and tried == [64, 32, 16]
+    with pytest.raises(TypeError, match="Leave the batch size out of the call"):
+        train(8, 10)
+
+    @find_executable_batch_size(starting_batch_size=4)
+    def never_fits(batch_size: int) -> None:
+        raise torch.OutOfMemoryError("out of memory")
+
+    with pytest.raises(RuntimeError, match="No executable batch size found"):
+        never_fits()
+
+    @find_executable_batch_size
+    def other_error(batch_size: int) -> None:
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        other_error()
+    assert release_memory(1, 2) == [None, None]
+
+
+def test_profile_writes_a_chrome_trace_and_precision_facts(tmp_path: Path) -> None:
+    accelerator = dt.Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(output_trace_dir=str(tmp_path))])
+    model = accelerator.prepare(nn.Linear(4, 2))
+    with accelerator.profile() as profiler:
+        model(torch.ones(3, 4)).sum().backward()
+    assert any("aten::addmm" in event.name for event in profiler.events())
+    assert '"traceEvents"' in (tmp_path / "profile_0.json").read_text()
+    with (
+        pytest.raises(ValueError, match=r"activities=\[\.\.\., 'tpu'\]"),
+        accelerator.profile(ProfileKwargs(activities=["tpu"])),
+    ):
+        pass
+    assert (accelerator.scaler, accelerator.native_amp) == (None, False)
+    fp16 = dt.Accelerator(cpu=True, mixed_precision="fp16")
+    assert isinstance(fp16.scaler, torch.amp.GradScaler) and fp16.native_amp

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         GradientAccumulationPlugin,
         ProjectConfiguration,
     )
-    from drivetrain.utils.kwargs_handlers import AutocastKwargs
+    from drivetrain.utils.kwargs_handlers import AutocastKwargs, ProfileKwargs
 
 
 class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
@@ -155,6 +155,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         )
         handlers = settings.sort_handlers(kwargs_handlers)
         self.autocast_handler = handlers.autocast
+        self.profile_handler = handlers.profile
         self._log_with = tracking.check_log_with(log_with)
         self.strategy = settings.build_strategy(
             accelerator=settings.choose_accelerator(accelerator, cpu),
@@ -329,6 +330,45 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Context in which backward passes do not all-reduce ``model``'s gradients."""
         return self.strategy.no_backward_sync(model)
+
+    @contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with ``torch.profiler``; yields the profiler (call ``.step()`` per step
+        when a schedule is set).
+
+        Args:
+            profile_handler: a :class:`~drivetrain.utils.ProfileKwargs`; default: the one given in
+                ``kwargs_handlers``, else the CPU and this process's device, nothing else recorded.
+                With ``output_trace_dir`` each process writes its Chrome trace there
+                (``profile_<rank>.json``), and the processes wait for each other afterwards.
+        """
+        from drivetrain.facade.profiling import profiler_for
+
+        handler = profile_handler or self.profile_handler
+        with profiler_for(handler, self.device) as profiler:
+            yield profiler
+        if handler is not None and handler.output_trace_dir is not None:
+            path = os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json")
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(path)
+            self.wait_for_everyone()
+
+    def trigger_sync_in_backward(self, model: nn.Module) -> AbstractContextManager[Any]:
+        """Context in which the next backward pass all-reduces ``model``'s gradients, even inside
+        :meth:`no_sync` (e.g. when another model's backward runs in between)."""
+        return self.strategy.force_backward_sync(model)
+
+    @property
+    def scaler(self) -> Any:
+        """The loss scaler (``torch.amp.GradScaler``) of fp16 mixed precision, else ``None``."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether torch's automatic mixed precision (autocast) runs the forward passes."""
+        from drivetrain.plugins.precision.amp import MixedPrecision
+
+        return isinstance(self.strategy.precision, MixedPrecision)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
         """The precision's forward context (autocast for mixed precision), for code outside ``forward``."""

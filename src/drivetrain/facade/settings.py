@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
     )
 
 _MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -45,6 +46,7 @@ class Handlers:
     scaler: GradScalerKwargs | None = None
     process_group: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
+    profile: ProfileKwargs | None = None
 
 
 def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
@@ -59,6 +61,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
     )
 
     if kwargs_handlers is None:
@@ -74,6 +77,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
         GradScalerKwargs: "scaler",
         InitProcessGroupKwargs: "process_group",
         AutocastKwargs: "autocast",
+        ProfileKwargs: "profile",
     }
     for handler in kwargs_handlers:
         field = fields.get(type(handler))

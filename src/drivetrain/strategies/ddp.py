@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 import inspect
 import weakref
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +116,20 @@ class DDPStrategy(ParallelStrategy):
             if hasattr(module, "reducer"):
                 del module.reducer
         self._wrapped.clear()
+
+    @contextmanager
+    def force_backward_sync(self, module: nn.Module) -> Iterator[None]:
+        """The next backward pass all-reduces ``module``'s gradients, even inside :meth:`no_backward_sync`."""
+        if not isinstance(module, DistributedDataParallel):
+            yield
+            return
+        saved = (module.require_backward_grad_sync, module.require_forward_param_sync)
+        module.require_backward_grad_sync = module.require_forward_param_sync = True
+        module.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            module.require_backward_grad_sync, module.require_forward_param_sync = saved
 
     def join(self, joinables: Sequence[Any], enable: bool = True) -> AbstractContextManager[Any] | None:
         """torch's ``Join`` over ``joinables`` (DDP modules, ``ZeroRedundancyOptimizer``): a process whose

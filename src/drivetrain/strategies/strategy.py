@@ -317,6 +317,13 @@ class Strategy:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
         return nullcontext()
 
+    def force_backward_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
+        """Synchronise gradients in the next backward pass even inside :meth:`no_backward_sync`.
+
+        Nothing to do for strategies without gradient synchronisation (the default).
+        """
+        return nullcontext()
+
     def join(self, joinables: Sequence[Any], enable: bool = True) -> AbstractContextManager[Any] | None:
         """A context in which processes with fewer batches than others shadow their collectives.
 

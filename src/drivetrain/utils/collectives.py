@@ -152,6 +152,31 @@ def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float =
     return map_tensors(data, one, "reduce")
 
 
+def check_same_layout(strategy: Strategy, operation: str, data: Any) -> None:
+    """Debug mode: raise if the processes hold tensors of different shapes or dtypes in ``data``.
+
+    For collectives whose transport would not notice (``broadcast`` pickles its payload); a
+    collective call itself, so every process must make it.
+    """
+    everyone = strategy.all_gather_object(_layout(data))
+    if any(layout != everyone[0] for layout in everyone):
+        described = "; ".join(f"rank {rank}: {layout}" for rank, layout in enumerate(everyone))
+        raise CollectiveMismatchError(
+            f"{operation} needs the same tensor shapes and dtypes on every process (debug mode), got {described}. "
+            f"Give every process tensors of the same layout."
+        )
+
+
+def _layout(data: Any) -> Any:
+    if isinstance(data, Tensor):
+        return f"shape {tuple(data.shape)}, {data.dtype}"
+    if isinstance(data, Mapping):
+        return {key: _layout(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_layout(value) for value in data]
+    return type(data).__name__
+
+
 def pad_across_processes(
     strategy: Strategy, data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
 ) -> Any:

@@ -96,3 +96,29 @@ class AutocastKwargs(KwargsHandler):
 
     enabled: bool = True
     cache_enabled: bool | None = None
+
+
+@dataclasses.dataclass
+class ProfileKwargs(KwargsHandler):
+    """Options for ``torch.profiler.profile`` in :meth:`drivetrain.Accelerator.profile`.
+
+    Args:
+        activities: ``"cpu"``, and the device's (``"cuda"``, ``"xpu"``); default: the CPU and
+            this process's device.
+        schedule_option: ``torch.profiler.schedule`` arguments (``wait``, ``warmup``, ``active``,
+            ``repeat``, ``skip_first``), for profiling some steps of a loop that calls
+            ``profiler.step()``.
+        on_trace_ready: called with the profiler when a trace is ready.
+        record_shapes, profile_memory, with_stack, with_flops, with_modules: as for torch's profiler.
+        output_trace_dir: write each process's Chrome trace there as ``profile_<rank>.json``.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None

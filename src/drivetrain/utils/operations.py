@@ -80,8 +80,15 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """``from_process``'s value of ``tensor`` (nested allowed) on every process."""
-    return _strategy("broadcast").broadcast(tensor, src=from_process)
+    """``from_process``'s value of ``tensor`` (nested allowed) on every process.
+
+    In debug mode (``Accelerator(debug=True)``, ``ACCELERATE_DEBUG_MODE=1``) every process must
+    give tensors of the same shapes and dtypes, as Accelerate requires.
+    """
+    strategy = _strategy("broadcast")
+    if strategy.world_size > 1 and getattr(strategy, "debug_collectives", False):
+        collectives.check_same_layout(strategy, "broadcast", tensor)
+    return strategy.broadcast(tensor, src=from_process)
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:

@@ -1,0 +1,125 @@
+"""Memory helpers from ``accelerate.utils``: ``release_memory``, ``find_executable_batch_size``.
+
+``find_executable_batch_size`` is the one batch-size search of the project: it retries a
+function with a halved batch size (or your reduction) while the device runs out of memory.
+A batch-size tuner of the Trainer can call it with its own trial function.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from drivetrain.utils.current import current_strategy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What torch's allocators say when memory runs out (CUDA, cuDNN's workspace, the CPU, XPU, MPS).
+_OUT_OF_MEMORY = (
+    "out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+    "DefaultCPUAllocator: can't allocate memory",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def _empty_device_cache() -> None:
+    strategy = current_strategy()
+    if strategy is not None:
+        strategy.accelerator.empty_cache()
+        return
+    from drivetrain.accelerators import CUDAAccelerator
+
+    if CUDAAccelerator.is_available():
+        CUDAAccelerator().empty_cache()
+
+
+def release_memory(*objects: Any) -> list[None]:
+    """Collect garbage and empty the device's cache; returns one ``None`` per object, to rebind them.
+
+    >>> model, optimizer = release_memory(model, optimizer)  # doctest: +SKIP
+    """
+    gc.collect()
+    _empty_device_cache()
+    return [None] * len(objects)
+
+
+def should_reduce_batch_size(exception: BaseException) -> bool:
+    """Whether ``exception`` says the device ran out of memory (a smaller batch may fit)."""
+    import torch
+
+    if isinstance(exception, torch.OutOfMemoryError):
+        return True
+    return (
+        isinstance(exception, RuntimeError)
+        and len(exception.args) == 1
+        and any(text in str(exception.args[0]) for text in _OUT_OF_MEMORY)
+    )
+
+
+def find_executable_batch_size(
+    function: F | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[int], int] | None = None,
+) -> Any:
+    """Decorator: call ``function(batch_size, ...)``, halving ``batch_size`` after each out-of-memory error.
+
+    The decorated function takes the batch size as its first argument and is called without it::
+
+        @find_executable_batch_size(starting_batch_size=64)
+        def train(batch_size, model):
+            ...
+
+        train(model)
+
+    Args:
+        function: the function (when used as ``@find_executable_batch_size`` without arguments).
+        starting_batch_size: the first batch size tried.
+        reduce_batch_size_fn: the next batch size after a failure (default: half).
+
+    Raises:
+        TypeError: the decorated function is called with a batch size of its own.
+        RuntimeError: no batch size down to 1 fits ("No executable batch size found").
+    """
+    if (
+        isinstance(starting_batch_size, bool)
+        or not isinstance(starting_batch_size, int)
+        or starting_batch_size < 1
+    ):
+        raise ValueError(f"starting_batch_size must be an int >= 1, got {starting_batch_size!r}.")
+    if function is None:
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
+    reduce = reduce_batch_size_fn if reduce_batch_size_fn is not None else (lambda size: size // 2)
+
+    @functools.wraps(function)
+    def search(*args: Any, **kwargs: Any) -> Any:
+        parameters = list(inspect.signature(function).parameters)
+        if len(parameters) < len(args) + 1:
+            raise TypeError(
+                f"{function.__name__}() gets the batch size from find_executable_batch_size as its first argument, "
+                f"but was called with {len(args)} positional argument(s) for its {len(parameters)} parameter(s) "
+                f"({', '.join(parameters)}). Leave the batch size out of the call."
+            )
+        batch_size = starting_batch_size
+        while True:
+            if batch_size < 1:
+                raise RuntimeError(
+                    "No executable batch size found, reached zero: even a batch of 1 ran out of memory."
+                )
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as error:
+                if not should_reduce_batch_size(error):
+                    raise
+                del error
+                release_memory()
+                batch_size = reduce(batch_size)
+
+    return search
