@@ -19,6 +19,8 @@ _LAZY = {
     "PartialState": "drivetrain.facade",
     "SeedableRandomSampler": "drivetrain.data.seeding",
     "find_executable_batch_size": "drivetrain.utils.memory",
+    "debug_launcher": "drivetrain.facade.notebook",
+    "notebook_launcher": "drivetrain.facade.notebook",
     "skip_first_batches": "drivetrain.data.prepare",
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
@@ -43,12 +45,14 @@ __all__ = [
     "__version__",
     "connect",
     "cpu_offload",
+    "debug_launcher",
     "disk_offload",
     "dispatch_model",
     "find_executable_batch_size",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
+    "notebook_launcher",
     "seed_everything",
     "skip_first_batches",
 ]
@@ -67,6 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.data.prepare import skip_first_batches
     from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
+    from drivetrain.facade.notebook import debug_launcher, notebook_launcher
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
     from drivetrain.utils.memory import find_executable_batch_size
 

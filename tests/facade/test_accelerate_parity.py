@@ -6,6 +6,7 @@ The 2-process checks share one launch (``_rank``); each test below reads its par
 
 from __future__ import annotations
 
+import os
 import pickle
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from drivetrain.utils import (
     extract_model_from_parallel,
     find_executable_batch_size,
     gather,
+    patch_environment,
     release_memory,
     synchronize_rng_states,
 )
@@ -331,3 +333,36 @@ def test_profile_writes_a_chrome_trace_and_precision_facts(tmp_path: Path) -> No
     assert (accelerator.scaler, accelerator.native_amp) == (None, False)
     fp16 = dt.Accelerator(cpu=True, mixed_precision="fp16")
     assert isinstance(fp16.scaler, torch.amp.GradScaler) and fp16.native_amp
+
+
+def _report(directory: str) -> None:
+    accelerator = dt.Accelerator()
+    total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0])).item()
+    line = f"{accelerator.process_index} {accelerator.num_processes} {accelerator.mixed_precision} {accelerator.device} {total}"
+    (Path(directory) / f"rank{accelerator.process_index}").write_text(line)
+
+
+def _fails(directory: str) -> None:
+    raise RuntimeError(f"bad data in {directory}")
+
+
+@pytest.mark.multiprocess
+def test_notebook_and_debug_launchers_run_the_function_in_every_process(tmp_path: Path) -> None:
+    dt.notebook_launcher(_report, (str(tmp_path),), num_processes=2, mixed_precision="bf16")
+    assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["0 2 bf16 cpu 3.0", "1 2 bf16 cpu 3.0"]
+    for path in tmp_path.iterdir():
+        path.unlink()
+    dt.debug_launcher(_report, (str(tmp_path),))
+    assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["0 2 no cpu 3.0", "1 2 no cpu 3.0"]
+    with pytest.raises(Exception, match="bad data in nowhere"):
+        dt.debug_launcher(_fails, ("nowhere",))
+    with pytest.raises(ValueError, match=r"notebook_launcher\(rdzv_backend=...\) is not supported"):
+        dt.notebook_launcher(_report, ("x",), rdzv_backend="c10d")
+
+
+def test_patch_environment_restores_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTER_PORT", "1234")
+    monkeypatch.delenv("DRIVETRAIN_PARITY_X", raising=False)
+    with patch_environment(master_port=29501, drivetrain_parity_x="y"):
+        assert (os.environ["MASTER_PORT"], os.environ["DRIVETRAIN_PARITY_X"]) == ("29501", "y")
+    assert os.environ["MASTER_PORT"] == "1234" and "DRIVETRAIN_PARITY_X" not in os.environ

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         RNGType,
     )
     from drivetrain.utils.data_loader import prepare_data_loader
+    from drivetrain.utils.environment import patch_environment
     from drivetrain.utils.kwargs_handlers import (
         AutocastKwargs,
         DDPCommunicationHookType,
@@ -121,6 +122,7 @@ __getattr__, __dir__ = lazy_exports(
         "is_xpu_available": "drivetrain.utils.availability",
         "extract_model_from_parallel": "drivetrain.utils.modeling",
         "find_executable_batch_size": "drivetrain.utils.memory",
+        "patch_environment": "drivetrain.utils.environment",
         "release_memory": "drivetrain.utils.memory",
         "should_reduce_batch_size": "drivetrain.utils.memory",
         "prepare_data_loader": "drivetrain.utils.data_loader",
@@ -183,6 +185,7 @@ __all__ = [
     "is_xpu_available",
     "load_checkpoint_in_model",
     "pad_across_processes",
+    "patch_environment",
     "prepare_data_loader",
     "reduce",
     "release_memory",
