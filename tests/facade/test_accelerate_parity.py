@@ -366,3 +366,33 @@ def test_patch_environment_restores_the_variables(monkeypatch: pytest.MonkeyPatc
     with patch_environment(master_port=29501, drivetrain_parity_x="y"):
         assert (os.environ["MASTER_PORT"], os.environ["DRIVETRAIN_PARITY_X"]) == ("29501", "y")
     assert os.environ["MASTER_PORT"] == "1234" and "DRIVETRAIN_PARITY_X" not in os.environ
+
+
+def test_save_and_load_state_hooks_let_a_model_be_saved_its_own_way(tmp_path: Path) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    own, other = accelerator.prepare(nn.Linear(2, 2), nn.Linear(2, 1))
+    calls: list[str] = []
+
+    def save_hook(models: list[nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+        torch.save(weights.pop(0), Path(output_dir) / "own.pt")  # saved its own way, not in the state
+        calls.append(f"save {len(models)} models, {len(weights)} left")
+
+    def load_hook(models: list[nn.Module], input_dir: str) -> None:
+        models.pop(0).load_state_dict(torch.load(Path(input_dir) / "own.pt"))
+        calls.append(f"load, {len(models)} left")
+
+    save_handle = accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+    expected = [p.detach().clone() for p in (*own.parameters(), *other.parameters())]
+    accelerator.save_state(tmp_path)
+    with torch.no_grad():
+        for parameter in (*own.parameters(), *other.parameters()):
+            parameter.zero_()
+    accelerator.load_state(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(expected, (*own.parameters(), *other.parameters())))
+    assert calls == ["save 2 models, 1 left", "load, 1 left"]
+    save_handle.remove()
+    accelerator.save_state(tmp_path / "again")
+    assert calls == ["save 2 models, 1 left", "load, 1 left"]
+    with pytest.raises(TypeError, match="must be callable"):
+        accelerator.register_load_state_pre_hook(3)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -172,6 +173,9 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        # OrderedDicts: torch's RemovableHandle holds a weak reference to them.
+        self._save_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._prepared: dict[int, tuple[Any, Any]] = {}  # id -> (object, its prepared form): never twice
         self._backward_module: nn.Module | None = None
         self._trigger = False

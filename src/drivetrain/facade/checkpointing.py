@@ -20,6 +20,8 @@ import gc
 import os
 import re
 import warnings
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -52,6 +54,8 @@ class Checkpointing(ProcessControl):
     _custom_objects: list[Any]
     #: The prepared objects (ids) last found to leave no unprepared optimizer behind.
     _optimizers_checked_for: tuple[int, ...] | None = None
+    _save_state_hooks: OrderedDict[int, Callable[..., None]]
+    _load_state_hooks: OrderedDict[int, Callable[..., None]]
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state.
@@ -96,7 +100,10 @@ class Checkpointing(ProcessControl):
         directory = self._next_automatic_dir() if automatic else paths.normalize(output_dir)  # type: ignore[arg-type]
         paths.check(directory)
         strategy = self.strategy
-        entries = checkpoint_entries(strategy, self._training_objects(), door="accelerator")
+        objects = self._training_objects()
+        if self._save_state_hooks:
+            objects.models = self._run_save_hooks(str(directory))
+        entries = checkpoint_entries(strategy, objects, door="accelerator")
         entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
         entries["accumulation_step"] = self.gradient_state.step
         entries["iteration"] = config.iteration
@@ -150,12 +157,15 @@ class Checkpointing(ProcessControl):
                 f"No drivetrain training state in {where} (expected '{STATE_FILE}' inside, written by "
                 f"Accelerator.save_state). Pass the directory save_state wrote."
             )
+        objects = self._training_objects()
+        if self._load_state_hooks:
+            objects.models = self._run_load_hooks(str(directory))
         door = {f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)}
         door.update({"accumulation_step": 0, "iteration": 0})
         loaded = read_checkpoint(
             self.strategy,
             located,
-            self._training_objects(),
+            objects,
             door,
             weights_only=weights_only,
             opt_out=_OPT_OUT,
@@ -189,6 +199,54 @@ class Checkpointing(ProcessControl):
                 f"(model, optimizer = accelerator.prepare(model, optimizer)), or register it for checkpointing "
                 f"(accelerator.register_for_checkpointing(optimizer))."
             )
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def register_save_state_pre_hook(
+        self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]
+    ) -> Any:
+        """Call ``hook(models, weights, output_dir)`` at the start of every :meth:`save_state`.
+
+        ``weights`` holds each prepared model's state dict; the hook may change them, or remove
+        entries (and save those models its own way): what is left in ``weights`` is saved as the
+        models' state. Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        return self._register_hook(self._save_state_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[[list[nn.Module], str], None]) -> Any:
+        """Call ``hook(models, input_dir)`` at the start of every :meth:`load_state`.
+
+        ``models`` lists the prepared models; a hook that loads some itself removes them, and the
+        rest are loaded from the state (so remove the same ones its save hook removed). Returns a
+        handle whose ``remove()`` unregisters the hook.
+        """
+        return self._register_hook(self._load_state_hooks, hook)
+
+    def _register_hook(self, hooks: OrderedDict[int, Callable[..., None]], hook: Callable[..., None]) -> Any:
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
+        if self.strategy.requires_joint_setup:
+            raise ValueError(
+                f"Save/load state hooks see each model's whole state dict, which {type(self.strategy).__name__} keeps "
+                f"sharded; they are supported with single-device and DDP strategies."
+            )
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def _run_save_hooks(self, output_dir: str) -> list[Any]:
+        models = list(self._models)
+        weights = [self.strategy.get_module_state_dict(model) for model in models]
+        for hook in list(self._save_state_hooks.values()):
+            hook(models, weights, output_dir)
+        return weights
+
+    def _run_load_hooks(self, input_dir: str) -> list[nn.Module]:
+        models = list(self._models)
+        for hook in list(self._load_state_hooks.values()):
+            hook(models, input_dir)
+        return models
 
     def _map_location(self, value: Any) -> Any:
         """Accelerate's ``map_location`` values: ``None``, ``"cpu"``, ``"on_device"`` (this process's device)."""
