@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.facade.accelerator import Accelerator
     from drivetrain.facade.process_state import AcceleratorState, PartialState
     from drivetrain.facade.state import GradientState
-    from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+    from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
+    from drivetrain.plugins.precision.forward import PrecisionForward
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -23,7 +24,7 @@ __getattr__, __dir__ = lazy_exports(
         "AcceleratorState": "drivetrain.facade.process_state",
         "PartialState": "drivetrain.facade.process_state",
         "GradientState": "drivetrain.facade.state",
-        "PrecisionForward": "drivetrain.facade.wrappers",
+        "PrecisionForward": "drivetrain.plugins.precision.forward",
         "PreparedOptimizer": "drivetrain.facade.wrappers",
         "PreparedScheduler": "drivetrain.facade.wrappers",
     },

@@ -17,7 +17,6 @@ from torch import nn
 
 from drivetrain._utilities import paths
 from drivetrain.facade.process_control import ProcessControl
-from drivetrain.utils.modeling import finish_unwrap
 
 if TYPE_CHECKING:
     from drivetrain.utils.configuration import ProjectConfiguration
@@ -39,6 +38,8 @@ class ModelSaving(ProcessControl):
             keep_torch_compile: return the ``torch.compile`` module when it wraps the user's module
                 directly; one compiled around a parallel wrapper is stripped with it.
         """
+        from drivetrain.utils.modeling import finish_unwrap
+
         return finish_unwrap(model, self.strategy.unwrap_module(model), keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:

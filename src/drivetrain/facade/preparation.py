@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
 from drivetrain.facade.process_control import ProcessControl
-from drivetrain.facade.wrappers import PrecisionForward, PreparedOptimizer, PreparedScheduler
+from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.model_setup import setup_model
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ class Preparation(ProcessControl):
 
     def _wrap_forward(self, model: nn.Module) -> None:
         """Run ``model.forward`` in the precision's forward context (autocast), outputs in float32."""
+        from drivetrain.plugins.precision.forward import PrecisionForward
+
         precision = self.strategy.precision
         if precision.changes_forward and not isinstance(model.__dict__.get("forward"), PrecisionForward):
             model.forward = PrecisionForward(model.forward, precision)

@@ -1,4 +1,5 @@
-"""What ``Accelerator.prepare`` hands back for optimizers and schedulers, and the forward wrapper.
+"""What ``Accelerator.prepare`` hands back for optimizers and schedulers (the forward wrapper is
+:class:`drivetrain.plugins.precision.forward.PrecisionForward`).
 
 The prepared optimizer and scheduler drop into user code where the originals were. They step
 only at the end of an accumulation window (and the scheduler only when the optimizer really
@@ -14,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from drivetrain.plugins.precision.forward import PrecisionForward
-
 if TYPE_CHECKING:
     from drivetrain.facade.state import GradientState
     from drivetrain.plugins.precision.precision import Precision
@@ -29,8 +28,6 @@ _DELEGATED_HOOKS = (
     "register_load_state_dict_pre_hook",
     "register_load_state_dict_post_hook",
 )
-
-__all__ = ["PrecisionForward", "PreparedOptimizer", "PreparedScheduler"]
 
 
 class PreparedOptimizer(Optimizer):
