@@ -256,16 +256,14 @@ class PreparedDataLoader(DataLoader):
         return self._total_batch_size - self.padding
 
     def __getstate__(self) -> dict[str, Any]:
-        # The device mover is a closure made for this strategy: a copy makes its own.
+        # The device mover may be a closure made for this strategy: a copy asks the strategy again.
         state = self.__dict__.copy()
         state["_place"] = self._place is not None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from drivetrain.data.batches import batch_mover
-
         self.__dict__.update(state)
-        self._place = batch_mover(self._strategy) if state["_place"] else None
+        self._place = self._strategy.batch_mover() if state["_place"] else None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process stands: epoch, batches handed out in it, the seeds and generator
