@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 
@@ -43,14 +44,15 @@ class OnExceptionCheckpoint(Callback):
                 f"OnExceptionCheckpoint(filename={filename!r}) takes a name without folders or extension; "
                 f"put the folder in dirpath."
             )
-        self.dirpath = os.fspath(dirpath)
+        self.dirpath = paths.normalize(dirpath)
+        paths.check(self.dirpath)  # s3://... without s3fs, or an unknown scheme: reported here
         self.filename = filename
         self._saved = False
 
     @property
     def ckpt_path(self) -> str:
         """Where the checkpoint is written."""
-        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+        return paths.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         from drivetrain.trainer.callbacks.model_checkpoint import _ONE_PROCESS_ONLY
