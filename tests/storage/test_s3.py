@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 import drivetrain as dt
 from drivetrain.plugins.io import TorchCheckpointIO
-from drivetrain.trainer import ModelCheckpoint
+from drivetrain.trainer import Callback, ModelCheckpoint
 from drivetrain.utils import ProjectConfiguration
 from helpers.multiprocess import run_processes
 from helpers.scripts import clean_env, run_script
@@ -175,7 +175,7 @@ def test_an_accelerator_saves_and_loads_its_state_in_s3(s3_bucket: str, processe
     assert listing(root) == ["checkpoints/checkpoint_1/state.ckpt", "checkpoints/checkpoint_2/state.ckpt"]
 
 
-def test_storage_options_reach_the_filesystem(
+def test_storage_options_reach_the_filesystem_from_the_checkpoint_io_and_the_trainer(
     s3_bucket: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the options say where the server is
@@ -189,7 +189,16 @@ def test_storage_options_reach_the_filesystem(
     }
     io = TorchCheckpointIO()
     io.save_checkpoint({"a": torch.ones(2)}, f"{s3_bucket}/opts/x.ckpt", storage_options=options)
-    assert s3fs.S3FileSystem(**options).isfile(f"{s3_bucket[5:]}/opts/x.ckpt")
+
+    class SaveWithOptions(Callback):
+        def on_train_end(self, trainer: dt.Trainer, module: Any) -> None:
+            trainer.save_checkpoint(f"{s3_bucket}/opts/trainer.ckpt", storage_options=options)
+
+    trainer = quiet_trainer(max_steps=2, callbacks=[SaveWithOptions()])
+    trainer.fit(Regression(), loader(regression_data(16)))
+    fs = s3fs.S3FileSystem(**options)
+    assert fs.isfile(f"{s3_bucket[5:]}/opts/x.ckpt")
+    assert fs.isfile(f"{s3_bucket[5:]}/opts/trainer.ckpt")
 
 
 # -- kill -9 in the middle of a remote checkpoint write -----------------------------------------------

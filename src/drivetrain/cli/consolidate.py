@@ -4,7 +4,8 @@
 ``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``; ``DST`` is the file to
 write, loadable with ``torch.load(DST, weights_only=True)`` in one process. Runs without a GPU
 or a process group; it needs memory for the whole model. ``SRC`` is read safely (no code from
-the files runs); ``--no-weights-only`` lifts that for checkpoints from a trusted source.
+the files runs); ``--no-weights-only`` lifts that for checkpoints from a trusted source. An FSDP
+``SRC`` and ``DST`` may be remote (``s3://bucket/run/last.ckpt``, any fsspec URL).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ def add_consolidate_command(commands: Any) -> None:
         description="Gather the sharded checkpoint directory SRC (written by FSDPStrategy or DeepSpeedStrategy) "
         "into the single file DST, loadable with torch.load(DST, weights_only=True).",
     )
-    parser.add_argument("source", metavar="SRC", help="the sharded checkpoint directory")
-    parser.add_argument("destination", metavar="DST", help="the file to write")
+    parser.add_argument(
+        "source", metavar="SRC", help="the sharded checkpoint directory (an FSDP one may be remote: s3://...)"
+    )
+    parser.add_argument("destination", metavar="DST", help="the file to write (local or remote)")
     parser.add_argument(
         "--no-weights-only",
         dest="weights_only",

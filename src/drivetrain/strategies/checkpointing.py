@@ -189,17 +189,26 @@ def process_record_path(path: str | os.PathLike[str], rank: int) -> str:
     return paths.join(paths.parent(path), f"{paths.name(path)}.process{rank}")
 
 
-def write_checkpoint(strategy: Strategy, path: str | os.PathLike[str], entries: dict[str, Any]) -> None:
+def write_checkpoint(
+    strategy: Strategy,
+    path: str | os.PathLike[str],
+    entries: dict[str, Any],
+    storage_options: Any | None = None,
+) -> None:
     """Write ``entries`` to ``path`` on every process's behalf; every process calls it.
 
     The strategy writes it its way (one file, or a folder every rank contributes to) under a
     temporary name, verifies it and publishes it atomically; when this returns on any process
     the checkpoint is complete under ``path``, and callers may prune older ones. When the
     processes give different paths, the shared entries go to global rank 0's and each process's
-    own record (generators, loader positions) beside its own path as well.
+    own record (generators, loader positions) beside its own path as well. ``storage_options``
+    (for a remote ``path``) go to the strategy's ``save_state``.
     """
     where = rank_paths(strategy, path)
-    strategy.save_state(where.shared, entries)
+    if storage_options is None:  # a user strategy's save_state may predate the argument
+        strategy.save_state(where.shared, entries)
+    else:
+        strategy.save_state(where.shared, entries, storage_options=storage_options)
     if where.per_process and PROCESSES in entries:
         _write_process_record(where.own, strategy.global_rank, entries[PROCESSES][strategy.global_rank])
     strategy.barrier("drivetrain.write_checkpoint")

@@ -85,8 +85,10 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
     return state
 
 
-def save_checkpoint(trainer: Trainer, path: str | Path, weights_only: bool = False) -> None:
-    write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, weights_only))
+def save_checkpoint(
+    trainer: Trainer, path: str | Path, weights_only: bool = False, storage_options: Any | None = None
+) -> None:
+    write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, weights_only), storage_options)
 
 
 def restore_training_state(trainer: Trainer, path: str | Path) -> None:

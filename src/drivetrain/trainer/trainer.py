@@ -511,13 +511,22 @@ class Trainer(TrainerProperties):
         return params
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
-        """Save the training state to ``filepath`` through the strategy (call it on every process)."""
+    def save_checkpoint(
+        self, filepath: str | Path, weights_only: bool = False, storage_options: Any | None = None
+    ) -> None:
+        """Save the training state to ``filepath`` through the strategy (call it on every process).
+
+        Args:
+            filepath: a local path or a remote URL (``s3://bucket/run/step.ckpt``).
+            weights_only: only the module's weights (such a file cannot resume a fit).
+            storage_options: for a remote ``filepath``, the fsspec filesystem's options (endpoint,
+                credentials ...), passed to the strategy's CheckpointIO.
+        """
         if self._model is None or not self._strategy_ready:
             raise RuntimeError("save_checkpoint() works while fit() runs (from a callback or a module hook).")
         from drivetrain.trainer import checkpointing
 
-        checkpointing.save_checkpoint(self, filepath, weights_only)
+        checkpointing.save_checkpoint(self, filepath, weights_only, storage_options)
 
     # -- helpers for callbacks and modules ----------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:

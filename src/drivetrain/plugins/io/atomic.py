@@ -359,14 +359,14 @@ def _is_complete_remote(path: str, options: StorageOptions) -> bool:
     fs, inner = paths.fresh_filesystem(path, options)
     try:
         if fs.isfile(inner):
-            check_torch_file(path)
+            check_torch_file(path, options)
             return True
         names = paths.listdir(path, options)
         if COMPLETE_MARKER not in names:
             return False
         for name in names:
             if name.endswith(".pt"):
-                check_torch_file(paths.join(path, name))
+                check_torch_file(paths.join(path, name), options)
         if ".metadata" in names:
             read_dcp_metadata(path)
         return True

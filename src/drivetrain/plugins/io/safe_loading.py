@@ -84,16 +84,17 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 
 # -- files written by torch.save ---------------------------------------------------------------
-def check_torch_file(path: str | os.PathLike[str]) -> None:
+def check_torch_file(path: str | os.PathLike[str], storage_options: Any | None = None) -> None:
     """Raise :class:`DamagedCheckpointError` unless ``path`` is a structurally complete ``torch.save`` file.
 
     Cheap: reads the zip archive's index (written last, so a truncated file has none), not the data.
-    Local or remote (a remote file is read by range requests).
+    Local or remote (a remote file is read by range requests; ``storage_options`` configure its
+    filesystem).
     """
-    size = paths.size(path)
+    size = paths.size(path, storage_options)
     if size == 0:
         raise DamagedCheckpointError(path, "the file is empty")
-    with paths.open_file(path, "rb") as file:
+    with paths.open_file(path, "rb", storage_options) as file:
         if zipfile.is_zipfile(file):
             try:
                 with zipfile.ZipFile(file) as archive:

@@ -55,7 +55,7 @@ class TorchCheckpointIO(CheckpointIO):
         write_file(
             path,
             lambda file: torch.save(checkpoint, file),
-            verify=check_torch_file,
+            verify=lambda written: check_torch_file(written, storage_options),
             storage_options=storage_options,
         )
 
