@@ -7,7 +7,9 @@ The checkpoints come from ``scripts/lightning_checkpoints.py`` run by the peers'
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from drivetrain.trainer import Callback, EarlyStopping
+from drivetrain.trainer import Callback, EarlyStopping, ModelCheckpoint
 from helpers.scripts import run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
@@ -40,7 +42,7 @@ def lightning_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     if not (out / "epoch_end.ckpt").exists():
         result = run_command([str(python), str(SCRIPT), str(out / "new")], timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
-        for name in ("epoch_end.ckpt", "mid_epoch.ckpt"):
+        for name in ("epoch_end.ckpt", "mid_epoch.ckpt", "schedules.json"):
             (out / "new" / name).replace(out / name)
     return out
 
@@ -134,3 +136,51 @@ def test_evaluation_and_load_from_checkpoint_read_lightnings_weights(
 
 def _key(checkpoint: dict[str, Any], name: str) -> str:
     return next(key for key in checkpoint["callbacks"] if key.startswith(name))
+
+
+# The scenarios of scripts/lightning_checkpoints.py (ModelCheckpoint arguments, Trainer arguments).
+SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "interval_half": ({"save_top_k": -1}, {"val_check_interval": 0.5}),
+    "every_other_epoch_validation": ({"save_top_k": -1}, {"check_val_every_n_epoch": 2}),
+    "once_per_epoch": ({"save_top_k": -1}, {}),
+    "train_epoch_end": ({"save_top_k": -1, "save_on_train_epoch_end": True}, {"val_check_interval": 0.5}),
+    "steps_with_accumulation": ({"save_top_k": -1, "every_n_train_steps": 3}, {"accumulate_grad_batches": 2}),
+    "epoch_names_twice": (
+        {"save_top_k": -1, "filename": "{epoch}", "save_last": True},
+        {"val_check_interval": 0.5},
+    ),
+}
+
+
+def test_model_checkpoint_saves_the_files_lightning_saves(lightning_dir: Path, tmp_path: Path) -> None:
+    """When it saves, what it names the files, and the version counter of a second run: as Lightning."""
+    expected = json.loads((lightning_dir / "schedules.json").read_text())
+    ours = {}
+    for name, (checkpoint_args, trainer_args) in SCENARIOS.items():
+        folder = tmp_path / name
+        for run in (1, 2):  # the second run writes into the first run's folder
+            callback = ModelCheckpoint(dirpath=folder, **checkpoint_args)
+            trainer = quiet_trainer(
+                max_epochs=2, callbacks=[callback], enable_checkpointing=True, **trainer_args
+            )
+            trainer.fit(Mirror(), _data(), _data())
+            ours[f"{name}/{run}"] = sorted(os.listdir(folder))
+    # A deliberate difference: with monitor=None Lightning lets an epoch's second save replace its
+    # first ("{epoch}" twice per epoch); drivetrain keeps both (save_top_k=-1 means keep them all).
+    assert expected.pop("epoch_names_twice/1") == ["epoch=0.ckpt", "epoch=1.ckpt", "last.ckpt"]
+    assert ours.pop("epoch_names_twice/1") == [
+        "epoch=0-v1.ckpt",
+        "epoch=0.ckpt",
+        "epoch=1-v1.ckpt",
+        "epoch=1.ckpt",
+        "last.ckpt",
+    ]
+    assert (
+        expected.pop("epoch_names_twice/2")[-2:]
+        == ours.pop("epoch_names_twice/2")[-2:]
+        == [
+            "last-v1.ckpt",
+            "last.ckpt",
+        ]
+    )
+    assert ours == expected

@@ -1,10 +1,13 @@
 """Writes checkpoints with real PyTorch Lightning (run by the peers' interpreter, not drivetrain's).
 
 Usage: python lightning_checkpoints.py OUT_DIR. Writes ``OUT_DIR/epoch_end.ckpt`` (after epoch 1 of
-a 2-epoch fit, at the epoch end) and ``OUT_DIR/mid_epoch.ckpt`` (after 3 steps of epoch 1).
+a 2-epoch fit, at the epoch end), ``OUT_DIR/mid_epoch.ckpt`` (after 3 steps of epoch 1) and
+``OUT_DIR/schedules.json``: the files ModelCheckpoint writes in each of ``SCENARIOS`` (an oracle
+for drivetrain's ModelCheckpoint).
 The module mirrors ``trainer_models.Regression`` (same parameter names and hyperparameters).
 """
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -72,6 +75,42 @@ def main(out: Path) -> None:
     )
     trainer.fit(Regression(), data, data)
     shutil.copy(checkpoint.last_model_path, out / "epoch_end.ckpt")
+    schedules(out, data)
+
+
+# name -> (ModelCheckpoint arguments, Trainer arguments); the same table is in the drivetrain test.
+SCENARIOS = {
+    "interval_half": ({"save_top_k": -1}, {"val_check_interval": 0.5}),
+    "every_other_epoch_validation": ({"save_top_k": -1}, {"check_val_every_n_epoch": 2}),
+    "once_per_epoch": ({"save_top_k": -1}, {}),
+    "train_epoch_end": ({"save_top_k": -1, "save_on_train_epoch_end": True}, {"val_check_interval": 0.5}),
+    "steps_with_accumulation": ({"save_top_k": -1, "every_n_train_steps": 3}, {"accumulate_grad_batches": 2}),
+    "epoch_names_twice": (
+        {"save_top_k": -1, "filename": "{epoch}", "save_last": True},
+        {"val_check_interval": 0.5},
+    ),
+}
+
+
+def schedules(out: Path, data: DataLoader) -> None:
+    files = {}
+    for name, (checkpoint_args, trainer_args) in SCENARIOS.items():
+        folder = out / "schedules" / name
+        for run in (1, 2):  # the second run writes into the first run's folder
+            trainer = pl.Trainer(
+                max_epochs=2,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                callbacks=[pl.callbacks.ModelCheckpoint(dirpath=folder, **checkpoint_args)],
+                **trainer_args,
+            )
+            trainer.fit(Regression(), data, data)
+            files[f"{name}/{run}"] = sorted(p.name for p in folder.iterdir())
+    (out / "schedules.json").write_text(json.dumps(files, indent=1))
 
 
 if __name__ == "__main__":
