@@ -173,14 +173,16 @@ class PreparedDataLoader(DataLoader):
             except StopIteration:
                 self._end_epoch()
                 return
-            if place is not None:
-                current = place(current)
+            # Each batch is placed as it is handed out (after the look-ahead read of the next one), so
+            # whatever placement runs (a Trainer module's batch-transfer hooks) sees the batches in step order.
             for upcoming in source:
                 if place is not None:
-                    upcoming = place(upcoming)
+                    current = place(current)
                 position.yielded += 1
                 yield current
                 current = upcoming
+            if place is not None:
+                current = place(current)
             self.padding = self._final_padding()
             self.end_of_dataloader = True
             position.yielded += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import Any
 
@@ -48,6 +48,7 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     shard: bool = True,
     active_loaders: ActiveLoaders | None = None,
+    batch_mover: Callable[[Any], Any] | None = None,
 ) -> PreparedDataLoader:
     """The loader this process should iterate in place of ``dataloader``.
 
@@ -80,6 +81,8 @@ def prepare_data_loader(
         shard: share the data between the processes; ``False`` gives every process all of it
             (the user's sampler or dataset shards it).
         active_loaders: where the loader registers itself while it is being iterated.
+        batch_mover: places each batch instead of the strategy's ``batch_mover()`` (a Trainer module's
+            batch-transfer hooks); only with ``device_placement``.
 
     Raises:
         TypeError: ``dataloader`` is not a ``DataLoader``.
@@ -125,7 +128,7 @@ def prepare_data_loader(
         "original": dataloader,
         "rng_types": names,
         "sampler_generator": sampler_generator,
-        "place": strategy.batch_mover() if device_placement else None,
+        "place": (batch_mover or strategy.batch_mover()) if device_placement else None,
         "active_loaders": active_loaders,
         **settings,
         "generator": dataloader.generator if dataloader.generator is not None else torch.Generator(),

@@ -143,6 +143,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.logging_level = logging_level
         self._micro_batch_size: int | None = None
         self._engine: Any = None
+        self._engine_trains = False
         self._set_local_rank_variable = False
 
     @property
@@ -197,6 +198,11 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def requires_joint_setup(self) -> bool:
         return True
+
+    @property
+    def forward_is_collective(self) -> bool:
+        """Under ZeRO stage 3 each forward gathers the partitioned parameters."""
+        return self.stage == 3
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -261,13 +267,22 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         import deepspeed
 
+        config = self.resolved_config()
+        if not optimizers:
+            # Evaluation: no optimizer to build or partition (ZeRO 1/2 partition only optimizer state and
+            # gradients, and refuse to start without one); stage 3 still partitions the parameters.
+            config.pop("optimizer", None)
+            config.pop("scheduler", None)
+            if self.stage < 3:
+                config.pop("zero_optimization", None)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             optimizer=optimizers[0] if optimizers else None,
-            config=self.resolved_config(),
+            config=config,
             dist_init_required=False,
         )
         self._engine = engine
+        self._engine_trains = bool(optimizers)
         self.model = engine
         if isinstance(self.precision, DeepSpeedPrecision):
             self.precision.engine = engine
@@ -283,6 +298,11 @@ class DeepSpeedStrategy(ParallelStrategy):
             "DeepSpeed builds its engine from the model and the optimizer together; call "
             "setup_module_and_optimizers(model, [optimizer]) instead of setup_module/setup_optimizer."
         )
+
+    @property
+    def engine_trains(self) -> bool:
+        """Whether the engine set up last has an optimizer (built for training, not for evaluation)."""
+        return self._engine is not None and self._engine_trains
 
     def engine_of(self, module: nn.Module | None) -> Any:
         """The DeepSpeed engine for ``module`` (the one set up last when ``None``)."""

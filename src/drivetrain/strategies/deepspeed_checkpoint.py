@@ -58,6 +58,14 @@ def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict
             f"setup_module_and_optimizers), got {len(engines)}: {[name for name, _ in engines]}."
         )
     engine_name, engine = engines[0]
+    if strategy.stage == 3 and not strategy.engine_trains:
+        # DeepSpeed 0.19's save of a ZeRO-3 engine built without an optimizer enters a barrier on some
+        # ranks only, and the job hangs: refuse instead.
+        raise RuntimeError(
+            "A DeepSpeed ZeRO-3 engine built for evaluation (validate/test/predict, no optimizer) cannot be "
+            "saved: DeepSpeed's writer does not support it. Save the training state during or right after fit() "
+            "(ModelCheckpoint, or trainer.save_checkpoint before validate/test/predict)."
+        )
     optimizer_name = None
     values: dict[str, Any] = {}
     for name, value in state.items():
@@ -75,7 +83,8 @@ def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict
         else:
             values[name] = value
     header = {"format": FORMAT, "module": engine_name, "optimizer": optimizer_name, "values": values}
-    ranks, partitioned = strategy.world_size, strategy.stage > 0
+    # An engine built without an optimizer (for validate/test/predict) writes no optimizer partitions.
+    ranks, partitioned = strategy.world_size, strategy.stage > 0 and strategy.engine_trains
 
     def verify(folder: Path) -> None:
         verify_engine_folder(folder, ranks if partitioned else 0)
@@ -124,6 +133,15 @@ def load_engine_state(
             f"{len(engines)} engines: {[name for name, _ in engines]}."
         )
     _, engine = engines[0]
+    if strategy.stage == 3 and not strategy.engine_trains:
+        # DeepSpeed 0.19 restores ZeRO-3 weights through the optimizer's partitions, which an engine built
+        # without an optimizer lacks (AttributeError deep inside load_checkpoint).
+        raise RuntimeError(
+            f"DeepSpeed cannot load the checkpoint {str(path)!r} into a ZeRO-3 engine built for evaluation "
+            f"(validate/test/predict, no optimizer). Load it into the module before the call instead: consolidate "
+            f"it (drivetrain consolidate) and load the weights with model.load_state_dict, or evaluate right after "
+            f"fit() without ckpt_path."
+        )
     if weights_only:
         check_safe_to_load(Path(path))
     header = _read_header(Path(path), lambda file: strategy.load_checkpoint(file, weights_only=weights_only))

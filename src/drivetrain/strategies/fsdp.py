@@ -189,6 +189,18 @@ class FSDPStrategy(ParallelStrategy):
         return True
 
     @property
+    def forward_is_collective(self) -> bool:
+        """``True``: each forward all-gathers the sharded parameters."""
+        return True
+
+    @property
+    def supports_inference_mode(self) -> bool:
+        """``False``: ``fully_shard`` allocates the unsharded parameters during the first forward and
+        reuses them in every later all-gather; made under inference mode (an evaluation before
+        training), they could never be written again by a training step."""
+        return False
+
+    @property
     def device_mesh(self) -> Any:
         """The 1-D device mesh over all ranks that parameters are sharded on (made on first use)."""
         if self._device_mesh is None:

@@ -490,6 +490,22 @@ class Strategy:
         """
         return False
 
+    @property
+    def supports_inference_mode(self) -> bool:
+        """Whether evaluation may run under ``torch.inference_mode`` (else ``torch.no_grad``).
+
+        Tensors created under inference mode can never again be updated in place outside it. A
+        strategy that creates tensors during a forward pass and keeps them for later ones (FSDP's
+        unsharded parameter buffers) must say ``False``, or training after an evaluation fails.
+        """
+        return True
+
+    @property
+    def forward_is_collective(self) -> bool:
+        """Whether every forward pass of the set-up model talks to the other processes (sharded
+        parameters gathered for it), so all processes must run the same number of forwards."""
+        return False
+
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
     ) -> None:

@@ -81,7 +81,7 @@ def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, 
         datamodule = trainer.datamodule
         if datamodule is not None:
             state["datamodule"] = datamodule.state_dict()
-    trainer._hooks.call("on_save_checkpoint", state)
+    trainer._hook_runner().call("on_save_checkpoint", state)
     return state
 
 
@@ -182,8 +182,10 @@ def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
 
 
 def _objects(trainer: Trainer) -> TrainingObjects:
+    # No set-up model in a process that launched the ranks (ddp_spawn): its module holds their weights.
+    model = trainer._model if trainer._model is not None else trainer._module
     return TrainingObjects(
-        models=[trainer._model],
+        models=[model],
         optimizers=trainer._optimizers,
         schedulers=[config.scheduler for config in trainer._scheduler_configs],
         dataloaders=[trainer._data.train_loader] if trainer._data.train_loader is not None else [],

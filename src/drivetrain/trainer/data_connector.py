@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -142,14 +143,15 @@ class DataConnector:
                 )
             return False
         limit = getattr(trainer._settings, _LIMIT_FOR[stage])
-        loaders = [self._prepare(loader, stage) for loader in as_loader_list(source)]
+        loaders = [self._prepare(loader, stage, index) for index, loader in enumerate(as_loader_list(source))]
         lengths = [limited_length(loader, limit, _LIMIT_FOR[stage]) for loader in loaders]
         self._eval[stage] = (loaders, lengths)
         return any(length > 0 for length in lengths)
 
-    def _prepare(self, loader: Any, stage: RunningStage) -> Any:
+    def _prepare(self, loader: Any, stage: RunningStage, dataloader_idx: int = 0) -> Any:
         trainer = self.trainer
         strategy = trainer.strategy
+        mover = batch_transfer(trainer._module, strategy, dataloader_idx)
         if can_prepare(loader):
             prepared: Any = prepare_data_loader(
                 loader,
@@ -158,6 +160,7 @@ class DataConnector:
                 dispatch_batches=False,
                 # An iterable dataset is a stream only the user knows how to split.
                 shard=trainer._use_distributed_sampler and not isinstance(loader.dataset, IterableDataset),
+                batch_mover=mover,
             )
         else:
             sharded = trainer._use_distributed_sampler and strategy.world_size > 1
@@ -168,7 +171,7 @@ class DataConnector:
                     f"processes without losing it. Make it yield this process's share (rank "
                     f"{strategy.global_rank} of {strategy.world_size}) and pass Trainer(use_distributed_sampler=False)."
                 )
-            prepared = PassThroughBatches(loader, strategy.batch_mover())
+            prepared = PassThroughBatches(loader, mover or strategy.batch_mover())
         processed = strategy.process_dataloader(prepared)
         if processed is not prepared and not isinstance(processed, (PreparedDataLoader, PassThroughBatches)):
             # A strategy wrapped the loader: keep the interface the loops use (epochs, position).
@@ -182,6 +185,39 @@ class DataConnector:
             steps = self.trainer._settings.num_sanity_val_steps
             return loaders, [length if steps == -1 else min(length, steps) for length in lengths]
         return self._eval.get(stage, ([], []))
+
+
+def batch_transfer(module: Any, strategy: Any, dataloader_idx: int) -> Callable[[Any], Any] | None:
+    """The module's batch-transfer hooks around the move to the device, for one loader; ``None`` when
+    the module overrides none of them (the strategy's mover then runs alone: nothing per batch on the CPU).
+
+    Lightning's order: ``on_before_batch_transfer`` → ``transfer_batch_to_device`` (default: the
+    strategy's move) → ``on_after_batch_transfer``, before ``on_*_batch_start``.
+    """
+    from drivetrain.trainer.loop_hooks import TRANSFER_HOOKS
+    from drivetrain.trainer.module import TrainingModule
+
+    hooks = [
+        getattr(module, name) if overrides(module, TrainingModule, name) else None for name in TRANSFER_HOOKS
+    ]
+    if not any(hooks):
+        return None
+    before, transfer, after = hooks
+    device = strategy.root_device
+    move = strategy.batch_mover()
+
+    def place(batch: Any) -> Any:
+        if before is not None:
+            batch = before(batch, dataloader_idx)
+        if transfer is not None:
+            batch = transfer(batch, device, dataloader_idx)
+        elif move is not None:
+            batch = move(batch)
+        if after is not None:
+            batch = after(batch, dataloader_idx)
+        return batch
+
+    return place
 
 
 def _no_training_batches(loader: Any, limit: int | float) -> str:

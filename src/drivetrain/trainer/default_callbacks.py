@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 
 
@@ -81,3 +82,42 @@ def _default(
         )
     if enabled and not present and add:
         callbacks.append(default())
+
+
+def attach_module_callbacks(callbacks: list[Callback], added: Any, owner: str) -> list[Callback]:
+    """``callbacks`` plus a module's ``configure_callbacks()`` result, as Lightning merges them.
+
+    A Trainer callback whose type is a module callback's type or one of its base classes is
+    replaced (the module knows what it needs); checkpoint callbacks still run last.
+    """
+    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
+
+    if isinstance(added, Callback):
+        added = [added]
+    if not isinstance(added, (list, tuple)):
+        raise TypeError(
+            f"{owner}.configure_callbacks() returned {type(added).__name__}; return a Callback or a list of them."
+        )
+    for callback in added:
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                f"{owner}.configure_callbacks() returned {type(callback).__name__} ({callback!r}), which is not a "
+                f"drivetrain Callback. Subclass drivetrain.trainer.callbacks.Callback."
+            )
+    if not added:
+        return callbacks
+    added_types = {type(callback) for callback in added}
+    replaced = {
+        type(callback)
+        for callback in callbacks
+        if type(callback) is not Callback and any(issubclass(kind, type(callback)) for kind in added_types)
+    }
+    if replaced:
+        get_logger(__name__).info(
+            f"{owner}.configure_callbacks() replaces the Trainer's "
+            f"{', '.join(sorted(kind.__name__ for kind in replaced))} callback(s)."
+        )
+    result = [callback for callback in callbacks if type(callback) not in replaced] + list(added)
+    return [cb for cb in result if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in result if isinstance(cb, ModelCheckpoint)
+    ]

@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 
 from drivetrain._utilities import console
 from drivetrain.trainer.hparams import AttributeDict, collect_hyperparameters, load_module_from_checkpoint
+from drivetrain.trainer.loop_hooks import LoopHooks
 from drivetrain.trainer.module_tools import ModuleTools
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound="TrainingModule")
 
 
-class TrainingModule(ModuleTools):
+class TrainingModule(LoopHooks, ModuleTools):
     """A model plus its training recipe, for :class:`~drivetrain.Trainer`.
 
     Example:
@@ -157,7 +158,7 @@ class TrainingModule(ModuleTools):
         the layers.
         """
 
-    # -- hooks (the Trainer calls only those a subclass overrides) ----------------------------
+    # -- hooks (the Trainer calls only those a subclass overrides; more in LoopHooks) ---------
     def setup(self, stage: str) -> None:
         """Called at the start of fit/validate/test/predict in every process (``stage`` names it)."""
 

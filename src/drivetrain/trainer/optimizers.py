@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,9 +136,16 @@ def _scheduler_config(value: Any, monitor: str | None, where: str) -> LRSchedule
 
 
 def step_schedulers(
-    configs: Sequence[LRSchedulerConfig], interval: str, count: int, metrics: Mapping[str, Any]
+    configs: Sequence[LRSchedulerConfig],
+    interval: str,
+    count: int,
+    metrics: Mapping[str, Any],
+    step: Callable[[Any, Any], None] | None = None,
 ) -> None:
-    """Step the schedulers of ``interval`` whose ``frequency`` divides ``count`` (steps or epochs done)."""
+    """Step the schedulers of ``interval`` whose ``frequency`` divides ``count`` (steps or epochs done).
+
+    ``step(scheduler, metric)`` (a module's ``lr_scheduler_step``) steps them instead of ``scheduler.step()``.
+    """
     for config in configs:
         if config.interval != interval or count % config.frequency:
             continue
@@ -154,6 +161,11 @@ def step_schedulers(
                     raise ValueError(message)
                 warnings.warn(message, UserWarning, stacklevel=2)
                 continue
-            config.scheduler.step(float(value))
+            if step is not None:
+                step(config.scheduler, float(value))
+            else:
+                config.scheduler.step(float(value))
+        elif step is not None:
+            step(config.scheduler, None)
         else:
             config.scheduler.step()

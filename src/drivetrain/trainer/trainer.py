@@ -85,7 +85,8 @@ class Trainer(TrainerProperties):
         use_distributed_sampler: share each loader's batches between the processes (training:
             equal shares, so they step together; evaluation and prediction: no batch twice).
             ``False`` leaves it to the loaders, as does a ``DistributedSampler`` in one.
-        inference_mode: evaluate under ``torch.inference_mode`` (else ``torch.no_grad``).
+        inference_mode: run ``validate``/``test``/``predict`` under ``torch.inference_mode`` where the strategy
+            allows it (not FSDP), else ``torch.no_grad``. Validation inside ``fit`` always uses ``no_grad``.
 
     Example:
         >>> trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3)  # doctest: +SKIP
@@ -383,8 +384,6 @@ class Trainer(TrainerProperties):
     def _run_stage(self) -> dict[str, Any]:
         """Everything one process does for the current entry point; returns what the caller gets."""
         from drivetrain.trainer import checkpointing
-        from drivetrain.trainer.callbacks.callback import Callback
-        from drivetrain.trainer.hooks import HookRunner
         from drivetrain.trainer.model_setup import setup_model
         from drivetrain.trainer.process_results import stage_output
         from drivetrain.trainer.results import ResultCollection
@@ -403,7 +402,8 @@ class Trainer(TrainerProperties):
         datamodule = self._data.datamodule
         if datamodule is not None:
             datamodule.trainer = self
-        self._hooks = HookRunner(self, module, self._callbacks, TrainingModule, Callback)
+        self._attach_module_callbacks(module)
+        self._hooks = self._hook_runner(rebuild=True)
         self._restored = False
         self._pending_process = None
         stage = fn.value
@@ -442,18 +442,27 @@ class Trainer(TrainerProperties):
                 self._strategy_ready = False
                 self._teardown_strategy()
 
+    def _hook_runner(self, rebuild: bool = False) -> Any:
+        """The hooks of the current module and callbacks, resolved once per entry point."""
+        if self._hooks is None or rebuild:
+            from drivetrain.trainer.callbacks.callback import Callback
+            from drivetrain.trainer.hooks import HookRunner
+
+            self._hooks = HookRunner(self, self._module, self._callbacks, TrainingModule, Callback)
+        return self._hooks
+
     def _teardown_strategy(self) -> None:
-        from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+        from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
 
         strategy = self.strategy
-        if isinstance(strategy.launcher, SubprocessScriptLauncher):
-            # These processes run the script's next entry point too (fit, then test): keep the process
-            # group, which cannot be re-created on the same rendezvous port, and release the plugins only.
-            # The launcher destroys the group at exit.
-            strategy.precision.teardown()
-            strategy.checkpoint_io.teardown()
-        else:
-            strategy.teardown()
+        if isinstance(strategy.launcher, MultiprocessingLauncher):
+            strategy.teardown()  # this process is a spawned rank, and ends with the entry point
+            return
+        # This process goes on with the script: its next entry point (fit, then test) and calls such as
+        # save_checkpoint() in between need the process group and a sharded model's device mesh, as in
+        # Lightning. Release the plugins only; the strategy leaves the group at exit (or at teardown()).
+        strategy.precision.teardown()
+        strategy.checkpoint_io.teardown()
 
     def _run_entry_point(self, fn: TrainerFn) -> Any:
         from drivetrain.trainer import checkpointing
@@ -476,12 +485,31 @@ class Trainer(TrainerProperties):
         return self._run_evaluation(stage)
 
     def _prepare_data(self, datamodule: DataModule | None, stage: str) -> None:
-        if datamodule is None:
+        """``prepare_data`` of the DataModule and the module once per node, then the DataModule's ``setup``."""
+        from drivetrain.trainer.hooks import overrides
+
+        module = self._module
+        module_prepares = overrides(module, TrainingModule, "prepare_data")
+        if datamodule is None and not module_prepares:
             return
         if self.strategy.local_rank == 0:
-            datamodule.prepare_data()
+            if datamodule is not None:
+                datamodule.prepare_data()
+            if module_prepares:
+                module.prepare_data()
         self.strategy.barrier("prepare_data")
-        datamodule.setup(stage)
+        if datamodule is not None:
+            datamodule.setup(stage)
+
+    def _attach_module_callbacks(self, module: TrainingModule) -> None:
+        """Add what ``module.configure_callbacks()`` returns, replacing Trainer callbacks of the same types."""
+        from drivetrain.trainer.default_callbacks import attach_module_callbacks
+        from drivetrain.trainer.hooks import overrides
+
+        if overrides(module, TrainingModule, "configure_callbacks"):
+            self._callbacks = attach_module_callbacks(
+                self._callbacks, module.configure_callbacks(), type(module).__name__
+            )
 
     def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
         from drivetrain.trainer.loops.evaluation import EvaluationLoop
@@ -514,16 +542,37 @@ class Trainer(TrainerProperties):
     def save_checkpoint(
         self, filepath: str | Path, weights_only: bool = False, storage_options: Any | None = None
     ) -> None:
-        """Save the training state to ``filepath`` through the strategy (call it on every process).
+        """Save the state to ``filepath`` through the strategy; call it on every process.
+
+        Works while an entry point runs (from a callback or a module hook) and after one returns:
+        after ``fit`` the training state (weights, optimizers, schedulers, progress, callbacks,
+        generators); after ``validate``/``test``/``predict`` what that entry point set up (the
+        weights, without optimizers).
 
         Args:
             filepath: a local path or a remote URL (``s3://bucket/run/step.ckpt``).
             weights_only: only the module's weights (such a file cannot resume a fit).
             storage_options: for a remote ``filepath``, the fsspec filesystem's options (endpoint,
                 credentials ...), passed to the strategy's CheckpointIO.
+
+        Raises:
+            RuntimeError: no entry point has run yet; or, under ``ddp_spawn``, a full save in the
+                launching process, which holds the trained weights but not the spawned processes'
+                optimizer and generator states.
         """
-        if self._model is None or not self._strategy_ready:
-            raise RuntimeError("save_checkpoint() works while fit() runs (from a callback or a module hook).")
+        if self._module is None or self.state.fn is None:
+            raise RuntimeError(
+                "save_checkpoint() saves what fit/validate/test/predict set up, and none has run yet. Call it "
+                "from a callback or module hook during a run, or after trainer.fit(...) returns."
+            )
+        if not self._strategy_ready and not self._ran_here and not weights_only:
+            raise RuntimeError(
+                f"trainer.save_checkpoint() runs in the process that launched the {self.world_size} "
+                f"{type(self.strategy).__name__} processes: it holds the trained weights (copied back), but the "
+                f"optimizer, scheduler and generator states stayed in the processes that have ended. Save the "
+                f"training state during the run (ModelCheckpoint, or save_checkpoint in a callback's on_train_end), "
+                f"or save the weights here with save_checkpoint(path, weights_only=True)."
+            )
         from drivetrain.trainer import checkpointing
 
         checkpointing.save_checkpoint(self, filepath, weights_only, storage_options)

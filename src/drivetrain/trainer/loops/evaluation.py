@@ -7,8 +7,8 @@
         [on_<stage>_batch_start]  <stage>_step  [on_<stage>_batch_end]
     epoch values reduced across ranks  [on_<stage>_epoch_end]  logged  [on_<stage>_end]
 
-Steps run without gradients (``torch.inference_mode`` unless ``inference_mode=False``) on the
-user's module directly, so ranks with unequal shares never wait on each other mid-loop.
+Steps run without gradients on the user's module directly, so ranks with unequal shares never
+wait on each other mid-loop. See :func:`grad_context` for when that is ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
 from drivetrain.trainer.results import ResultCollection
-from drivetrain.trainer.state import RunningStage
+from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from drivetrain.trainer.trainer import Trainer
@@ -28,7 +29,20 @@ _DATALOADER_SUFFIX = "/dataloader_idx_"
 
 
 def grad_context(trainer: Trainer) -> Any:
-    return torch.inference_mode() if trainer._settings.inference_mode else torch.no_grad()
+    """``torch.inference_mode`` for ``validate``/``test``/``predict`` (unless ``inference_mode=False`` or the
+    strategy cannot run under it), else ``torch.no_grad``.
+
+    Validation inside ``fit`` (and its sanity check) always runs under ``no_grad``, as in
+    Lightning: a tensor a module creates there and keeps (a cache, a sharded model's buffers)
+    would otherwise be an inference tensor that the training steps after it cannot update.
+    """
+    if (
+        trainer._settings.inference_mode
+        and trainer.state.fn != TrainerFn.FITTING
+        and trainer.strategy.supports_inference_mode
+    ):
+        return torch.inference_mode()
+    return torch.no_grad()
 
 
 def step_function(trainer: Trainer, name: str) -> Any:
@@ -53,6 +67,7 @@ class EvaluationLoop:
         module = trainer._module
         prefix = "test" if stage == RunningStage.TESTING else "validation"
         loaders, lengths = trainer._data.eval_loaders(stage)
+        check_equal_shares(trainer, lengths, "test" if stage == RunningStage.TESTING else "validation")
         strategy = trainer.strategy
         results = ResultCollection(
             training=False,
@@ -65,8 +80,7 @@ class EvaluationLoop:
         if sanity:
             hooks.call("on_sanity_check_start")
         module._results = results
-        was_training = trainer._model.training
-        trainer._model.eval()
+        modes = enter_eval_mode(trainer, prefix)
         step = step_function(trainer, f"{prefix}_step")
         batch_start = getattr(hooks, f"on_{prefix}_batch_start")
         batch_end = getattr(hooks, f"on_{prefix}_batch_end")
@@ -83,6 +97,7 @@ class EvaluationLoop:
                     extra = (dataloader_idx,) if several else ()
                     if length == 0:
                         continue
+                    cut = limit_below_length(loader, length)
                     for batch_idx, batch in enumerate(loader):
                         if batch_idx >= length:
                             break
@@ -93,6 +108,8 @@ class EvaluationLoop:
                         output = step(batch, batch_idx, *extra)
                         if batch_end is not None:
                             batch_end(output, batch, batch_idx, dataloader_idx)
+                        if batch_idx + 1 == cut:
+                            break  # without reading (and placing) a batch beyond the limit
                 results.batch_level = False
                 results.suffix = ""
                 results.reduce_epoch()
@@ -103,13 +120,71 @@ class EvaluationLoop:
                     results.epoch_metrics(logger_only=True), step=trainer._progress.global_step
                 )
             hooks.call(f"on_{prefix}_end")
-            if sanity:
-                hooks.call("on_sanity_check_end")
         finally:
             trainer.state.stage = previous_stage
-            if was_training:
-                trainer._model.train()
+            leave_eval_mode(trainer, prefix, modes)
+        if sanity:
+            hooks.call("on_sanity_check_end")
         return per_loader_results(results.epoch_values, len(loaders))
+
+
+_LIMITS = {"test": "limit_test_batches", "predict": "limit_predict_batches"}
+
+
+def check_equal_shares(trainer: Trainer, lengths: list[float], what: str) -> None:
+    """Refuse an evaluation whose processes would run different numbers of forwards on a strategy
+    whose forward is a collective (FSDP, ZeRO-3): one would wait forever for the others."""
+    strategy = trainer.strategy
+    if strategy.world_size == 1 or not strategy.forward_is_collective:
+        return
+    counts = strategy.all_gather_object([float(length) for length in lengths])
+    if any(count != counts[0] for count in counts):
+        raise RuntimeError(
+            f"The {what} batches do not divide evenly between the {strategy.world_size} processes (batches per "
+            f"process and loader: {counts}), but {type(strategy).__name__} gathers the sharded weights in every "
+            f"forward, so all processes must run the same number of steps. Make each loader's batch count a "
+            f"multiple of {strategy.world_size} (the dataset size, batch_size or drop_last=True), or set "
+            f"{_LIMITS.get(what, 'limit_val_batches')} to such a multiple."
+        )
+
+
+def limit_below_length(loader: Any, limit: float) -> float | None:
+    """``limit`` when it stops a loop before the loader's end (the loop then breaks right after that
+    batch); ``None`` when the loader ends first, so it finishes its epoch normally."""
+    try:
+        length = len(loader)
+    except TypeError:
+        return limit
+    return limit if limit < length else None
+
+
+def enter_eval_mode(trainer: Trainer, prefix: str) -> list[tuple[nn.Module, bool]]:
+    """``on_<prefix>_model_eval`` (by default ``trainer.model.eval()``); returns every submodule's mode before it."""
+    from drivetrain.trainer.hooks import overrides
+    from drivetrain.trainer.module import TrainingModule
+
+    model, module = trainer._model, trainer._module
+    modes = [(submodule, submodule.training) for submodule in model.modules()]
+    hook = f"on_{prefix}_model_eval"
+    if overrides(module, TrainingModule, hook):
+        getattr(module, hook)()
+    else:
+        model.eval()
+    return modes
+
+
+def leave_eval_mode(trainer: Trainer, prefix: str, modes: list[tuple[nn.Module, bool]]) -> None:
+    """``on_<prefix>_model_train`` where overridden; otherwise every submodule gets the mode it had."""
+    from drivetrain.trainer.hooks import overrides
+    from drivetrain.trainer.module import TrainingModule
+
+    module = trainer._module
+    hook = f"on_{prefix}_model_train"
+    if prefix != "predict" and overrides(module, TrainingModule, hook):
+        getattr(module, hook)()
+        return
+    for submodule, training in modes:
+        submodule.training = training
 
 
 def _check_takes_dataloader_idx(method: Any, name: str, count: int) -> None:

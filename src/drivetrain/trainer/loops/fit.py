@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.trainer.loops.evaluation import limit_below_length
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.state import RunningStage
 
@@ -113,7 +114,8 @@ class FitLoop:
         progress = trainer._progress
         hooks = trainer._hooks
         results = trainer._train_results
-        trainer._model.train()
+        # The modules stay in the modes the user chose (a frozen submodule in eval mode stays there), as
+        # in Lightning; evaluation puts every submodule back in its mode when it ends.
         trainer._module._results = results
         resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
         if not progress.epoch_finished:
@@ -144,7 +146,13 @@ class FitLoop:
             trainer._metrics.log(results.epoch_metrics(logger_only=True), step=progress.global_step)
         # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
         if trainer._module.automatic_optimization:  # manual optimisation steps its schedulers itself
-            step_schedulers(trainer._scheduler_configs, "epoch", progress.epoch + 1, trainer.callback_metrics)
+            step_schedulers(
+                trainer._scheduler_configs,
+                "epoch",
+                progress.epoch + 1,
+                trainer.callback_metrics,
+                trainer._optimization.scheduler_step,
+            )
         trainer._metrics.persist(results)
         results.end_epoch()
         progress.epoch += 1
@@ -194,6 +202,7 @@ class FitLoop:
         val_check = self.val_check_batch
         timed = self._deadline is not None
         batch_idx = progress.batches_done
+        cut = limit_below_length(trainer._data.train_loader, limit)
         optimization.start_epoch(batch_idx)
         for batch in iterator:
             if batch_idx >= limit:
@@ -226,6 +235,8 @@ class FitLoop:
                 break
             if timed and self._out_of_time():
                 break
+            if batch_idx == cut:
+                break  # without reading (and placing) a batch beyond the limit
 
 
 def _yields_nothing(loader: Any) -> bool:

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from drivetrain.strategies.step_policy import GradientAccumulation, clip_gradients
+from drivetrain.trainer.loop_hooks import STEP_HOOKS
 from drivetrain.trainer.optimizers import step_schedulers
 
 if TYPE_CHECKING:
@@ -128,15 +129,33 @@ class Optimization:
         # Like unused hooks, steps this run does not need are None: one attribute read per step.
         accumulating = self.accumulation.num_steps != 1
         self._scale_loss = self.accumulation.scale_loss if accumulating else None
-        needs_preparing = self.clip_value is not None or self.hooks.on_before_optimizer_step is not None
+        hooks = module_hooks(module, strategy)
+        self._clip_hook = hooks.get("configure_gradient_clipping")
+        self._zero_grad_hook = hooks.get("optimizer_zero_grad")
+        self._optimizer_step_hook = hooks.get("optimizer_step")
+        self.scheduler_step = hooks.get("lr_scheduler_step")
+        needs_preparing = (
+            self.clip_value is not None
+            or self.hooks.on_before_optimizer_step is not None
+            or self._clip_hook is not None
+        )
         self._prepare_step = self._before_optimizer_step if needs_preparing else None
         self._backward, self._optimizer_call = strategy.step_functions()
+        if "backward" in hooks:
+            self._backward = _module_backward(hooks["backward"], strategy.precision)
         redirect = model is not module or strategy.requires_joint_setup
         training_step = module.training_step
         call = redirected_call(model, module, training_step) if redirect else training_step
         self.training_step = with_precision(call, strategy.precision)
         accumulate = self.accumulation.num_steps
         if not module.automatic_optimization:
+            automatic_only = [name for name in hooks if name != "backward"]
+            if automatic_only:
+                raise ValueError(
+                    f"{type(module).__name__} overrides {', '.join(automatic_only)}, which the Trainer calls in "
+                    f"automatic optimisation only, but automatic_optimization is False. In manual optimisation "
+                    f"call that code yourself in training_step (after opt.step(), say)."
+                )
             if self.clip_value is not None:
                 raise ValueError(
                     f"Trainer(gradient_clip_val={self.clip_value}) clips in automatic optimisation only, but "
@@ -165,7 +184,11 @@ class Optimization:
                 f"{type(self.optimizer).__name__} re-evaluates the loss through a closure, which cannot be combined "
                 f"with accumulate_grad_batches={accumulate}. Use accumulate_grad_batches=1."
             )
-        self.step = self._automatic_step
+        # Overridden step hooks and closure optimizers take the general path, in Lightning's order;
+        # everything else the fast one.
+        general = self.closure_required or any(name in hooks for name in STEP_HOOKS)
+        self.step = self._general_step if general else self._automatic_step
+        self._stepping_optimizer = HookedOptimizer(self.optimizer, self)
 
     def start_epoch(self, batches_done: int) -> None:
         """Accumulation windows restart with each epoch (``batches_done`` > 0 when one is resumed)."""
@@ -176,8 +199,6 @@ class Optimization:
         """Forward and backward; at the end of an accumulation window also clip, step, zero_grad, schedulers."""
         accumulation = self.accumulation
         if accumulation.advance(end_of_data):
-            if self.closure_required:
-                return self._step_through_closure(batch, batch_idx)
             output, loss = self._forward_backward(batch, batch_idx)
             if loss is not None:  # None: the module skipped this batch
                 self._optimizer_step(None)
@@ -206,7 +227,9 @@ class Optimization:
         hooks = self.hooks
         if hooks.on_before_optimizer_step is not None:
             hooks.on_before_optimizer_step(optimizer)
-        if self.clip_value is not None:
+        if self._clip_hook is not None:
+            self._clip_hook(optimizer, self.clip_value, self.clip_algorithm)
+        elif self.clip_value is not None:
             clip_gradients(self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm)
 
     def _optimizer_step(self, closure: Callable[[], Any] | None) -> Any:
@@ -222,26 +245,63 @@ class Optimization:
         progress.global_step += 1
         # A step the loss scaler skipped (inf/NaN gradients) does not advance per-step schedules.
         if self.step_schedulers and not self.precision.last_step_skipped:
-            step_schedulers(self.step_schedulers, "step", progress.global_step, self.trainer.callback_metrics)
+            step_schedulers(
+                self.step_schedulers,
+                "step",
+                progress.global_step,
+                self.trainer.callback_metrics,
+                self.scheduler_step,
+            )
         return result
 
-    def _step_through_closure(self, batch: Any, batch_idx: int) -> Any:
-        """Optimizers that re-evaluate the loss (LBFGS) run forward, backward, the pre-step hook and
-        clipping inside ``step``, as often as they call the closure."""
-        optimizer = self.optimizer
-        outputs: list[Any] = []
+    def _general_step(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
+        """The step as Lightning structures it, for overridden step hooks and closure optimizers (LBFGS).
 
-        def closure() -> Tensor | None:
-            optimizer.zero_grad()  # each evaluation needs fresh gradients
-            output, loss = self._forward_backward(batch, batch_idx)
-            outputs.append(output)
-            if loss is None:
-                return None
+        A closure runs ``training_step``, zeroes the gradients at the start of an accumulation
+        window (``on_before_zero_grad``, ``optimizer_zero_grad``) and runs the backward pass. Inside
+        a window it is called directly; at a window's end ``optimizer_step(epoch, batch_idx,
+        optimizer, closure)`` gets it, and the optimizer's ``step`` runs it (as often as the
+        optimizer needs), then ``on_before_optimizer_step`` and clipping, then the update.
+        """
+        accumulation = self.accumulation
+        closure = _Closure(self, batch, batch_idx, zero_grad=accumulation.step % accumulation.num_steps == 0)
+        if not accumulation.advance(end_of_data):
+            with accumulation.backward_context(self.strategy, self._models):
+                closure()
+            return closure.output
+        epoch = self.progress.epoch
+        if self._optimizer_step_hook is not None:
+            self._optimizer_step_hook(epoch, batch_idx, self._stepping_optimizer, closure)
+        else:
+            self._stepping_optimizer.step(closure=closure)
+        if not closure.called:
+            raise RuntimeError(
+                f"{type(self.module).__name__}.optimizer_step did not run the optimizer_closure it was given, so "
+                f"training_step and the backward pass never ran for batch {batch_idx}. Call "
+                f"optimizer.step(closure=optimizer_closure), or optimizer_closure() yourself when skipping the step."
+            )
+        progress = self.progress
+        progress.global_step += 1  # counted as Lightning does: the hook ran, whether it stepped or not
+        if self.step_schedulers and not self.precision.last_step_skipped:
+            step_schedulers(
+                self.step_schedulers,
+                "step",
+                progress.global_step,
+                self.trainer.callback_metrics,
+                self.scheduler_step,
+            )
+        return closure.output
+
+    def _closure_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None, **kwargs: Any) -> Any:
+        """``optimizer.step(closure)`` in the general path: after each run of the closure the pre-step
+        hook and clipping, then the strategy's (precision-aware) step."""
+
+        def prepared() -> Any:
+            result = closure() if closure is not None else None
             self._before_optimizer_step(optimizer)
-            return loss.detach()
+            return result
 
-        self._optimizer_step(closure)
-        return outputs[-1] if outputs else None
+        return self._optimizer_call(optimizer, prepared, self.model, **kwargs)
 
     # -- clipping ----------------------------------------------------------------------------
     def clip(self, optimizer: Any, value: float | None, algorithm: str = "norm") -> Tensor | None:
@@ -275,6 +335,46 @@ class Optimization:
         return result
 
 
+class _Closure:
+    """``training_step`` → zero_grad (first batch of a window) → backward, for the general step path."""
+
+    __slots__ = ("batch", "batch_idx", "called", "optimization", "output", "zero_grad")
+
+    def __init__(self, optimization: Optimization, batch: Any, batch_idx: int, zero_grad: bool) -> None:
+        self.optimization = optimization
+        self.batch = batch
+        self.batch_idx = batch_idx
+        self.zero_grad = zero_grad
+        self.called = False
+        self.output: Any = None
+
+    def __call__(self) -> Tensor | None:
+        optimization = self.optimization
+        self.called = True
+        output = optimization.training_step(self.batch, self.batch_idx)
+        self.output = output
+        loss = output if type(output) is Tensor else extract_loss(output)
+        if self.zero_grad or optimization.closure_required:  # each evaluation of LBFGS needs fresh gradients
+            optimizer = optimization.optimizer
+            hooks = optimization.hooks
+            if hooks.on_before_zero_grad is not None:
+                hooks.on_before_zero_grad(optimizer)
+            if optimization._zero_grad_hook is not None:
+                optimization._zero_grad_hook(optimization.progress.epoch, self.batch_idx, optimizer)
+            else:
+                optimizer.zero_grad()
+        if loss is None:  # the module skipped this batch
+            return None
+        scaled = optimization._scale_loss(loss) if optimization._scale_loss is not None else loss
+        hooks = optimization.hooks
+        if hooks.on_before_backward is not None:
+            hooks.on_before_backward(scaled)
+        optimization._backward(scaled, optimization.model)
+        if hooks.on_after_backward is not None:
+            hooks.on_after_backward()
+        return loss.detach()
+
+
 class ManualOptimizer:
     """What ``self.optimizers()`` returns: the optimizer, with ``step`` routed through the strategy.
 
@@ -302,4 +402,48 @@ class ManualOptimizer:
         setattr(self.optimizer, name, value)
 
     def __repr__(self) -> str:
-        return f"ManualOptimizer({self.optimizer!r})"
+        return f"{type(self).__name__}({self.optimizer!r})"
+
+
+class HookedOptimizer(ManualOptimizer):
+    """The optimizer that ``optimizer_step`` receives: ``step(closure)`` runs the closure, the pre-step
+    hook and clipping, then the strategy's step (loss scaling, engines)."""
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        return self._optimization._closure_step(self.optimizer, closure, **kwargs)
+
+
+def module_hooks(module: Any, strategy: Any) -> dict[str, Callable[..., Any]]:
+    """The step hooks ``module`` overrides (bound), checked against what ``strategy`` can honour."""
+    from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.strategy import Strategy
+    from drivetrain.trainer.hooks import overrides
+    from drivetrain.trainer.module import TrainingModule
+
+    found = {
+        name: getattr(module, name)
+        for name in (*STEP_HOOKS, "lr_scheduler_step")
+        if overrides(module, TrainingModule, name)
+    }
+    if "backward" in found and (
+        type(strategy).backward is not Strategy.backward
+        or type(strategy.precision).backward is not Precision.backward
+    ):
+        raise ValueError(
+            f"{type(module).__name__} overrides backward(), but {type(strategy).__name__} runs the backward pass "
+            f"itself (its own backward(), as DeepSpeed's engine does, or its precision's), so the override could not be honoured. Move "
+            f"that code to on_before_backward/on_after_backward, or use another strategy."
+        )
+    return found
+
+
+def _module_backward(hook: Callable[..., Any], precision: Any) -> Callable[..., None]:
+    """The strategy's backward with the module's ``backward`` hook in place of ``loss.backward()``:
+    the precision still scales the loss before it (float16) and sees it after."""
+
+    def backward(tensor: Tensor, model: Any = None, *args: Any, **kwargs: Any) -> None:
+        tensor = precision.pre_backward(tensor, model)
+        hook(tensor, *args, **kwargs)
+        precision.post_backward(tensor, model)
+
+    return backward

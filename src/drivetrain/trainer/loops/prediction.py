@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.trainer.loops.evaluation import grad_context, step_function
+from drivetrain.trainer.loops.evaluation import (
+    check_equal_shares,
+    enter_eval_mode,
+    grad_context,
+    leave_eval_mode,
+    limit_below_length,
+    step_function,
+)
 from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.state import RunningStage
 
@@ -30,9 +37,10 @@ class PredictionLoop:
         hooks = trainer._hooks
         module = trainer._module
         loaders, lengths = trainer._data.eval_loaders(RunningStage.PREDICTING)
+        check_equal_shares(trainer, lengths, "predict")
         trainer.state.stage = RunningStage.PREDICTING
         module._results = ResultCollection(training=False)
-        trainer._model.eval()
+        modes = enter_eval_mode(trainer, "predict")
         step = step_function(trainer, "predict_step")
         batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
         several = len(loaders) > 1
@@ -43,6 +51,7 @@ class PredictionLoop:
             for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                 collected: list[Any] = []
                 extra = (dataloader_idx,) if several else ()
+                cut = limit_below_length(loader, length)
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= length:
                         break
@@ -53,9 +62,12 @@ class PredictionLoop:
                         batch_end(output, batch, batch_idx, dataloader_idx)
                     if self.return_predictions:
                         collected.append(output)
+                    if batch_idx + 1 == cut:
+                        break  # without reading (and placing) a batch beyond the limit
                 outputs.append(collected)
         hooks.call("on_predict_epoch_end")
         hooks.call("on_predict_end")
+        leave_eval_mode(trainer, "predict", modes)
         if not self.return_predictions:
             return None
         outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, outputs)]
