@@ -41,6 +41,8 @@ class LoopSettings:
     log_every_n_steps: int
     fast_dev_run: int
     inference_mode: bool
+    #: optimizer steps before a stop request (early stopping, ``should_stop``) is honoured.
+    min_steps: int = 0
 
 
 def _int(name: str, value: Any, minimum: int, extra: str = "") -> int:
@@ -84,6 +86,7 @@ def build_settings(
     max_epochs: int | None,
     min_epochs: int | None,
     max_steps: int,
+    min_steps: int | None = None,
     max_time: Any,
     limit_train_batches: int | float | None,
     limit_val_batches: int | float | None,
@@ -109,6 +112,11 @@ def build_settings(
     if max_epochs != -1 and min_epochs > max_epochs:
         raise ValueError(
             f"min_epochs={min_epochs} is more than max_epochs={max_epochs}; make min_epochs <= max_epochs."
+        )
+    min_steps = _int("min_steps", 0 if min_steps is None else min_steps, 0)
+    if max_steps != -1 and min_steps > max_steps:
+        raise ValueError(
+            f"min_steps={min_steps} is more than max_steps={max_steps}; make min_steps <= max_steps."
         )
     if isinstance(fast_dev_run, bool):
         fast = 1 if fast_dev_run else 0
@@ -179,6 +187,7 @@ def build_settings(
         max_epochs=max_epochs,
         min_epochs=min_epochs,
         max_steps=max_steps,
+        min_steps=min_steps,
         max_time=duration,
         val_check_interval=interval,
         check_val_every_n_epoch=check_val_every_n_epoch,

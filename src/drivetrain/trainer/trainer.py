@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from drivetrain._utilities import paths
@@ -56,6 +57,7 @@ class Trainer(TrainerProperties):
         plugins: Precision, CheckpointIO and ClusterEnvironment instances.
         max_epochs: stop after this many epochs (default 1000 when no other limit is set; -1: no limit).
         min_epochs: train at least this many epochs even when asked to stop.
+        min_steps: make at least this many optimizer steps even when asked to stop (early stopping).
         max_steps: stop after this many optimizer steps (-1: no limit).
         max_time: stop after this long (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict).
         limit_train_batches: batches per training epoch (an int) or fraction of the loader (a float).
@@ -85,6 +87,8 @@ class Trainer(TrainerProperties):
         use_distributed_sampler: share each loader's batches between the processes (training:
             equal shares, so they step together; evaluation and prediction: no batch twice).
             ``False`` leaves it to the loaders, as does a ``DistributedSampler`` in one.
+        detect_anomaly: train under ``torch.autograd.set_detect_anomaly`` (an error names the operation
+            whose backward produced NaN; slow, for debugging).
         inference_mode: run ``validate``/``test``/``predict`` under ``torch.inference_mode`` where the strategy
             allows it (not FSDP), else ``torch.no_grad``. Validation inside ``fit`` always uses ``no_grad``.
 
@@ -105,6 +109,7 @@ class Trainer(TrainerProperties):
         max_epochs: int | None = None,
         min_epochs: int | None = None,
         max_steps: int = -1,
+        min_steps: int | None = None,
         max_time: Any = None,
         limit_train_batches: int | float = 1.0,
         limit_val_batches: int | float = 1.0,
@@ -128,6 +133,7 @@ class Trainer(TrainerProperties):
         fast_dev_run: bool | int = False,
         use_distributed_sampler: bool = True,
         inference_mode: bool = True,
+        detect_anomaly: bool = False,
     ) -> None:
         from drivetrain.connector import connect
         from drivetrain.trainer.config import build_settings
@@ -148,6 +154,7 @@ class Trainer(TrainerProperties):
             max_epochs=max_epochs,
             min_epochs=min_epochs,
             max_steps=max_steps,
+            min_steps=min_steps,
             max_time=max_time,
             limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches,
@@ -171,6 +178,9 @@ class Trainer(TrainerProperties):
             raise TypeError(
                 f"use_distributed_sampler expects True or False, got {use_distributed_sampler!r}."
             )
+        if not isinstance(detect_anomaly, bool):
+            raise TypeError(f"detect_anomaly expects True or False, got {detect_anomaly!r}.")
+        self._detect_anomaly = detect_anomaly
         self._deterministic = deterministic
         self._benchmark = benchmark
         self._use_distributed_sampler = use_distributed_sampler
@@ -475,7 +485,11 @@ class Trainer(TrainerProperties):
                 checkpointing.restore_training_state(self, self._ckpt_path)
             self._metrics.log_hyperparams(self._hyperparameters())
             self.state.stage = RunningStage.TRAINING
-            FitLoop(self).run()
+            if self._detect_anomaly:
+                with torch.autograd.set_detect_anomaly(True):
+                    FitLoop(self).run()
+            else:
+                FitLoop(self).run()
             return None
         if self._ckpt_path is not None:
             checkpointing.restore_weights(self, self._ckpt_path)

@@ -75,7 +75,12 @@ class FitLoop:
     # -- stopping ---------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
         trainer, settings = self.trainer, self.settings
-        return trainer.should_stop and trainer._progress.epoch >= settings.min_epochs
+        progress = trainer._progress
+        return (
+            trainer.should_stop
+            and progress.epoch >= settings.min_epochs
+            and progress.global_step >= settings.min_steps
+        )
 
     def _out_of_time(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
