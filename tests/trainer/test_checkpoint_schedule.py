@@ -192,6 +192,11 @@ def test_schedule_arguments_are_checked() -> None:
         ModelCheckpoint(save_on_train_epoch_end="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="enable_version_counter"):
         ModelCheckpoint(enable_version_counter=None)  # type: ignore[arg-type]
+    # Lightning's save_last="link" was taken as True and wrote a copy, not the link it asks for.
+    with pytest.raises(ValueError, match=r"save_last='link'.*use save_last=True"):
+        ModelCheckpoint(save_last="link")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="save_last"):
+        ModelCheckpoint(save_last="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="without folders or extension"):
         OnExceptionCheckpoint(".", filename="a.ckpt")
 

@@ -131,6 +131,13 @@ class ModelCheckpoint(Callback):
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"ModelCheckpoint({name}={flag!r}); use True or False.")
+        if save_last == "link":
+            raise ValueError(
+                "ModelCheckpoint(save_last='link'): drivetrain writes last.ckpt as a complete checkpoint and does "
+                "not link it to the latest save; use save_last=True."
+            )
+        if save_last not in (None, True, False):
+            raise TypeError(f"ModelCheckpoint(save_last={save_last!r}); use True, False or None.")
         if save_on_train_epoch_end not in (None, True, False):
             raise TypeError(
                 f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}); use True, False or None (auto)."
