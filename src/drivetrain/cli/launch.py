@@ -38,6 +38,7 @@ from drivetrain.strategies.launchers.overrides import (
     PRECISION_VARIABLE,
 )
 from drivetrain.strategies.launchers.process_env import threads_per_process
+from drivetrain.strategies.preemption import signal_name
 from drivetrain.strategies.rank_failures import FailureRecord, drivetrain_error_data, root_cause
 
 
@@ -322,6 +323,15 @@ def run_launch(args: argparse.Namespace) -> int:
     try:
         run(parse_args(arguments))
     except ChildFailedError as error:
+        stopped = _preempted(error.failures)
+        if stopped is not None:
+            print(
+                f"drivetrain launch: {args.script} stopped for {signal_name(stopped - 128)} on every rank "
+                f"(exit code {stopped}): its checkpoint was saved, and a new start resumes from it.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return stopped
         print(
             f"drivetrain launch: {args.script} {describe_failures(error.failures)}.",
             file=sys.stderr,
@@ -329,6 +339,25 @@ def run_launch(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _preempted(failures: dict[int, Any]) -> int | None:
+    """The exit code ``128 + signal`` of ranks that stopped for a preemption signal, if that is what happened.
+
+    Such ranks exit with that code once the checkpoint is complete on every rank and write no
+    error file (:class:`~drivetrain.strategies.preemption.Preempted`); torchrun then stops the
+    ranks still exiting with ``SIGTERM``. Any other ending (an error file, another code or
+    signal) is a failure.
+    """
+    stopped = {f.exitcode for f in failures.values() if f.exitcode > 0}
+    wrote = [
+        f for f in failures.values() if f.error_file_data and f.error_file_data.get("message") != "<NONE>"
+    ]
+    others = [f for f in failures.values() if f.exitcode <= 0 and f.exitcode != -signal.SIGTERM]
+    if len(stopped) != 1 or wrote or others:
+        return None
+    code = stopped.pop()
+    return code if 128 < code < 128 + signal.NSIG else None
 
 
 def _single_node_without_rendezvous(args: argparse.Namespace) -> bool:

@@ -5,11 +5,12 @@ A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from drivetrain.data.loader import PreparedDataLoader
     from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.facade.state import GradientState
+    from drivetrain.strategies.preemption import PreemptionWatch
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import DataLoaderConfiguration
 
@@ -34,6 +36,8 @@ class ProcessControl:
     dataloader_config: DataLoaderConfiguration
     _dataloaders: list[PreparedDataLoader]
     _trigger: bool
+    _preemption: PreemptionWatch | None = None
+    _preemption_checks = 0
 
     @property
     def state(self) -> AcceleratorState:
@@ -264,6 +268,95 @@ class ProcessControl:
     def set_trigger(self) -> None:
         """Raise this process's flag; :meth:`check_trigger` then returns True on every process."""
         self._trigger = True
+
+    # -- preemption -------------------------------------------------------------------------
+    def handle_preemption(self, signals: Iterable[int] | None = None) -> None:
+        """Opt in to preemption handling: a stop signal on any process makes :meth:`check_preemption` true on all.
+
+        Without this call nothing changes (no handler, no thread, no cost). After it, call
+        :meth:`check_preemption` once per step on every process; it turns true on every process at
+        the same step after a stop signal reached any of them (no collective per step: see
+        :mod:`drivetrain.strategies.preemption`). Then save and end the run::
+
+            accelerator.handle_preemption()
+            for batch in loader:
+                ...
+                optimizer.step()
+                if accelerator.check_preemption():
+                    accelerator.save_state()  # automatic naming: load_state() resumes from the newest
+                    accelerator.end_preempted()
+
+        Args:
+            signals: the signals that stop the run; by default ``SIGTERM`` and the cluster
+                environment's requeue signal (``SLURMEnvironment(auto_requeue=True)``: ``SIGUSR1``).
+
+        Raises:
+            RuntimeError: called twice, or outside the main thread (where signal handlers run).
+            ValueError: ``signals`` holds something that is not a signal a process can handle.
+        """
+        import signal
+
+        self._require_processes("handle_preemption")
+        if self._preemption is not None:
+            raise RuntimeError("handle_preemption() was already called for this Accelerator; call it once.")
+        if signals is None:
+            environment = getattr(self.strategy, "cluster_environment", None)
+            requeue = environment.requeue_signal if environment is not None else None
+            chosen: tuple[int, ...] = (signal.SIGTERM,) if requeue is None else (signal.SIGTERM, requeue)
+        else:
+            chosen = tuple(signals)
+            valid = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+            wrong = [s for s in chosen if isinstance(s, bool) or not isinstance(s, int) or s not in valid]
+            if wrong or not chosen:
+                raise ValueError(
+                    f"handle_preemption(signals={signals!r}): give signals a process can handle, e.g. "
+                    f"(signal.SIGTERM, signal.SIGUSR1); SIGKILL and SIGSTOP cannot be caught."
+                )
+        watch = self.strategy.preemption_watch(chosen, lambda: self._preemption_checks)
+        if not watch.install():
+            raise RuntimeError(
+                "handle_preemption() must be called from the main thread: signal handlers run only there."
+            )
+        self._preemption = watch
+        atexit.register(watch.uninstall)  # a signal that came after the last check is not swallowed
+
+    def check_preemption(self) -> bool:
+        """Whether the run stops here for a stop signal: the same answer on every process, at the same call.
+
+        Call it at the same point of every step on every process, after :meth:`handle_preemption`.
+        Until a signal arrives it only reads a flag.
+        """
+        watch = self._preemption
+        if watch is None:
+            raise RuntimeError(
+                "check_preemption() needs handle_preemption() first, which installs the signal handlers."
+            )
+        self._preemption_checks += 1
+        return watch.pending and watch.stop_here()
+
+    def end_preempted(self, checkpoint: str | None = None) -> NoReturn:
+        """End the program after :meth:`check_preemption` stopped the run (and the state was saved).
+
+        On the main process the job is requeued when the signal was the cluster environment's
+        requeue signal (``scontrol requeue`` under SLURM). Raises
+        :class:`~drivetrain.strategies.preemption.Preempted`, a ``SystemExit`` with code
+        ``128 + signal`` (143 for ``SIGTERM``).
+
+        Args:
+            checkpoint: where the state was saved, for the message.
+        """
+        from drivetrain.strategies.preemption import Preempted
+
+        watch = self._preemption
+        if watch is None or not watch.stopping or watch.signum is None:
+            raise RuntimeError(
+                "end_preempted() ends a run that check_preemption() stopped; it has not (call it only after "
+                "check_preemption() returned True)."
+            )
+        environment = getattr(self.strategy, "cluster_environment", None)
+        if environment is not None and environment.requeue_signal == watch.signum and self.is_main_process:
+            environment.requeue()
+        raise Preempted(watch.signum, checkpoint)
 
     def check_trigger(self) -> bool:
         """Whether any process called :meth:`set_trigger` since the last check (a collective call)."""

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +25,7 @@ from drivetrain.strategies.collectives import (
 from drivetrain.strategies.launchers.launcher import ProcessFailedError
 from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.launchers.store import check_resolvable, host_store, is_loopback
+from drivetrain.strategies.preemption import Preempted, PreemptionWatch
 from drivetrain.strategies.rank_failures import (
     is_lost_peer,
     read_failures,
@@ -127,6 +128,7 @@ class ParallelStrategy(Strategy):
         # (hosted, on rank 0) by setup_process_group.
         self._rendezvous_store: dist.Store | None = None
         self._setups = 0
+        self._watches = 0  # preemption watches made: each run's keys in the store are its own
         # The error this rank is leaving with (see on_exception): no collective is entered after it.
         self._failure: BaseException | None = None
         self._stall_timeout = stall_timeout
@@ -329,6 +331,15 @@ class ParallelStrategy(Strategy):
         self._leave_process_group(wait_for_peers=True)
         super().teardown()
 
+    def preemption_watch(self, signals: Iterable[int], position: Callable[[], int]) -> PreemptionWatch:
+        """The ranks agree on the stop step through the job's rendezvous store (see the base class)."""
+        self._watches += 1
+        environment = self.cluster_environment
+        prefix = f"{environment.rendezvous_namespace()}/{self._setups}/{self._watches}"
+        store = self._rendezvous_store if self._owns_process_group else None
+        self.preemption = PreemptionWatch(signals, position, store, prefix, self.global_rank, self.world_size)
+        return self.preemption
+
     def on_exception(self, exception: BaseException) -> None:
         """This rank is leaving because of ``exception``: tell the others why, and stop talking to them.
 
@@ -338,8 +349,8 @@ class ParallelStrategy(Strategy):
         without waiting for peers: they are inside other collectives and would never meet this
         rank in a barrier. Only the first call counts.
         """
-        if self._failure is not None:
-            return
+        if self._failure is not None or isinstance(exception, Preempted):
+            return  # a preemption stop is agreed by every rank: nobody waits in a collective for this one
         self._failure = exception
         if not self._owns_process_group or self._rendezvous_store is None:
             return
@@ -425,6 +436,7 @@ class ParallelStrategy(Strategy):
         state["_owns_process_group"] = False
         state["_failure"] = None
         state["_monitor"] = CollectiveMonitor(None, "", 0, 1)
+        state.pop("preemption", None)  # signal handlers and a thread of this process
         return state
 
     def _leave_process_group(self, wait_for_peers: bool, store_wait: float = 0.0) -> None:

@@ -10,7 +10,7 @@ through it. Every method on the per-step path (``backward``, ``optimizer_step``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
     from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
     from drivetrain.strategies.launchers.launcher import Launcher
+    from drivetrain.strategies.preemption import PreemptionWatch
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -50,6 +51,9 @@ class Strategy:
         precision: the precision plugin (``"32-true"`` when omitted).
         precision_plugin: the same as ``precision``, under the name Lightning's docs use.
     """
+
+    #: The stop-signal watch of the run in progress (see :meth:`preemption_watch`), if any.
+    preemption: PreemptionWatch | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -111,7 +115,11 @@ class Strategy:
 
     @property
     def cluster_environment(self) -> ClusterEnvironment | None:
-        return None
+        """Where the job runs (given by :func:`drivetrain.connect`); a one-process job still asks it
+        about preemption (its requeue signal)."""
+        return self._connected_environment
+
+    _connected_environment: ClusterEnvironment | None = None
 
     def given_plugins(self) -> dict[str, Any]:
         """The plugins this strategy holds before :func:`drivetrain.connect` wires it, by kind.
@@ -157,6 +165,7 @@ class Strategy:
         self._accelerator = self._accelerator or accelerator
         self._precision = self._precision or precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self._connected_environment = cluster_environment
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """Raise ``ValueError`` if this strategy cannot run on ``accelerator`` (called by ``connect()``)."""
@@ -540,6 +549,22 @@ class Strategy:
     def remove_checkpoint(self, path: str | Path) -> None:
         if self.is_global_zero:
             self.checkpoint_io.remove_checkpoint(path)
+
+    def preemption_watch(self, signals: Iterable[int], position: Callable[[], int]) -> PreemptionWatch:
+        """A watch on this run's stop signals: every rank stops at the same step boundary after one arrives.
+
+        Args:
+            signals: the signals that stop the run (``SIGTERM``, a cluster's requeue signal).
+            position: how many step boundaries this process has passed.
+
+        The front door installs it, asks ``watch.pending`` at each boundary and, once that is true,
+        ``watch.stop_here()`` (see :mod:`drivetrain.strategies.preemption`). One process agrees with
+        nobody; parallel strategies agree through the job's rendezvous store.
+        """
+        from drivetrain.strategies.preemption import PreemptionWatch
+
+        self.preemption = PreemptionWatch(signals, position)
+        return self.preemption
 
     def on_exception(self, exception: BaseException) -> None:
         """Called by the front doors and launchers when ``exception`` ends the run in this process.

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.plugins.io.atomic import resolve
 from drivetrain.strategies.checkpointing import (
     TrainingObjects,
@@ -27,11 +28,31 @@ from drivetrain.trainer.state import TrainerFn
 if TYPE_CHECKING:
     from drivetrain.trainer.trainer import Trainer
 
+_log = get_logger(__name__)
+
 
 def resolve_ckpt_path(trainer: Trainer, fn: TrainerFn, request: str | None) -> str | None:
-    """A path as given, or the path ``"last"``/``"best"`` stands for (decided on rank 0, shared with all)."""
-    if request is None:
+    """A path as given, or the path ``"last"``/``"best"``/``"hpc"`` stands for (decided on rank 0, shared with all).
+
+    A fit without ``ckpt_path`` resumes from the newest preemption checkpoint (``hpc_ckpt_<N>.ckpt``)
+    in ``default_root_dir`` when there is one (see :mod:`drivetrain.trainer.preemption`).
+    """
+    if request is None and fn != TrainerFn.FITTING:
         return None
+    if request is None or request == "hpc":
+        from drivetrain.trainer.preemption import newest_checkpoint
+
+        path = newest_checkpoint(trainer.default_root_dir) if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            path = trainer.strategy.broadcast(path)
+        if path is None and request == "hpc":
+            raise ValueError(
+                f"ckpt_path='hpc' resumes from the newest hpc_ckpt_<N>.ckpt a preempted fit saved in default_root_dir "
+                f"({trainer.default_root_dir}), but there is none. Pass a path, or leave ckpt_path unset."
+            )
+        if path is not None and request is None and trainer.is_global_zero:
+            _log.warning(f"[drivetrain] Resuming the preempted fit from {path}.")
+        return path
     if request not in ("last", "best"):
         found = published(request)
         return os.fspath(found) if found is not None else request

@@ -240,7 +240,12 @@ class Trainer(TrainerProperties):
             val_dataloaders: a loader or a list of loaders.
             datamodule: provides the loaders instead.
             ckpt_path: resume from this checkpoint, or ``"last"`` for the newest ``last.ckpt``
-                of the checkpoint callbacks (a warning, and a fresh start, when there is none).
+                of the checkpoint callbacks (a warning, and a fresh start, when there is none), or
+                ``"hpc"`` for the newest preemption checkpoint. Unset: resume from the newest
+                preemption checkpoint (``default_root_dir/hpc_ckpt_<N>.ckpt``, saved when a
+                ``SIGTERM`` or a cluster's requeue signal stopped a fit) if there is one, else start
+                fresh. Such a stop exits the program with code ``128 + signal``
+                (:class:`~drivetrain.strategies.preemption.Preempted`).
             weights_only: read the checkpoint safely (``None``/``True``: tensors, plain values and
                 allow-listed classes only). ``False`` unpickles anything, which can run code from
                 the file: only for checkpoints from a trusted source.
@@ -351,7 +356,7 @@ class Trainer(TrainerProperties):
             ckpt_path = self._ckpt_path_set
         else:
             self._ckpt_path_set = None  # an explicit argument replaces what was set
-        if ckpt_path is not None and ckpt_path not in ("last", "best"):
+        if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc"):
             from drivetrain.trainer import checkpointing
 
             ckpt_path = os.fspath(ckpt_path)
@@ -393,6 +398,7 @@ class Trainer(TrainerProperties):
 
     def _run_stage(self) -> dict[str, Any]:
         """Everything one process does for the current entry point; returns what the caller gets."""
+        from drivetrain.strategies.preemption import Preempted
         from drivetrain.trainer import checkpointing
         from drivetrain.trainer.model_setup import setup_model
         from drivetrain.trainer.process_results import stage_output
@@ -436,7 +442,7 @@ class Trainer(TrainerProperties):
             return stage_output(self, fn, results)
         except BaseException as error:
             strategy.on_exception(error)  # first: the hooks below must not wait for peers in a collective
-            status = "failed" if not isinstance(error, KeyboardInterrupt) else "aborted"
+            status = "aborted" if isinstance(error, (KeyboardInterrupt, Preempted)) else "failed"
             self.state.status = TrainerStatus.INTERRUPTED
             if self._hooks.on_exception is not None:
                 self._hooks.on_exception(error)

@@ -69,6 +69,14 @@ class ClusterEnvironment(ABC):
     def teardown(self) -> None:
         """Undo what the environment changed in this process."""
 
+    @property
+    def requeue_signal(self) -> int | None:
+        """The signal on which a run saves, has the job requeued (:meth:`requeue`) and exits; ``None``: none."""
+        return None
+
+    def requeue(self) -> None:
+        """Put this job back in the cluster's queue (called on global rank 0 after the checkpoint is saved)."""
+
     def rendezvous_namespace(self) -> str:
         """A key prefix that tells apart the rendezvous of successive attempts of one job (elastic restarts)."""
         return ""

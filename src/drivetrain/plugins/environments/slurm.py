@@ -19,6 +19,9 @@ default :class:`LocalEnvironment` launches the others. Give such a job another n
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 from drivetrain.plugins.environments import _environ as env
 from drivetrain.plugins.environments._hostlist import expand_hostlist, expand_tasks_per_node
 from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
@@ -40,7 +43,58 @@ def _first_set(names: tuple[str, ...]) -> tuple[str, str] | None:
 
 
 class SLURMEnvironment(ClusterEnvironment):
-    """Reads the job layout SLURM announced to each ``srun`` task."""
+    """Reads the job layout SLURM announced to each ``srun`` task.
+
+    Args:
+        auto_requeue: on ``requeue_signal`` the run stops at the next step boundary on every rank,
+            saves a checkpoint, runs ``scontrol requeue $SLURM_JOB_ID`` and exits; the requeued job
+            resumes from that checkpoint (the Trainer finds it in ``default_root_dir``). Ask SLURM to
+            send the signal ahead of the time limit: ``#SBATCH --signal=USR1@90`` (``B:USR1@90``
+            signals the batch shell only, which does not reach the tasks).
+        requeue_signal: the signal SLURM is configured to send (``SIGUSR1`` by default).
+    """
+
+    def __init__(self, auto_requeue: bool = True, requeue_signal: int | None = None) -> None:
+        if not isinstance(auto_requeue, bool):
+            raise TypeError(f"SLURMEnvironment(auto_requeue=...) takes True or False, got {auto_requeue!r}.")
+        chosen = signal.SIGUSR1 if requeue_signal is None else requeue_signal
+        valid = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen not in valid:
+            raise ValueError(
+                f"SLURMEnvironment(requeue_signal={requeue_signal!r}) is not a signal a process can handle; pass "
+                f"the one #SBATCH --signal names, e.g. signal.SIGUSR1 (the default) or signal.SIGTERM."
+            )
+        self.auto_requeue = auto_requeue
+        self._requeue_signal = signal.Signals(chosen)
+
+    @property
+    def requeue_signal(self) -> int | None:
+        """``requeue_signal`` when ``auto_requeue`` is on."""
+        return self._requeue_signal if self.auto_requeue else None
+
+    def requeue(self) -> None:
+        """``scontrol requeue`` this job (an array task by its ``<array job id>_<task id>``).
+
+        Raises:
+            RuntimeError: ``scontrol`` is missing or refused; its output is in the message.
+        """
+        array_job, task = env.get_str("SLURM_ARRAY_JOB_ID"), env.get_str("SLURM_ARRAY_TASK_ID")
+        job = f"{array_job}_{task}" if array_job and task else env.get_str("SLURM_JOB_ID")
+        if not job:
+            raise RuntimeError("Cannot requeue: SLURM_JOB_ID is not set, so the job to requeue is unknown.")
+        try:
+            result = subprocess.run(
+                ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise RuntimeError(
+                f"Cannot requeue SLURM job {job}: `scontrol requeue {job}` failed ({error})."
+            ) from None
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"Cannot requeue SLURM job {job}: `scontrol requeue {job}` exited with code {result.returncode}: "
+                f"{(result.stderr or result.stdout).strip()}"
+            )
 
     @property
     def creates_processes_externally(self) -> bool:

@@ -1,7 +1,9 @@
 """Start all local ranks with ``torch.multiprocessing`` (spawn, fork or forkserver) and run a function.
 
 The parent is not a rank: it hosts the rendezvous store (on loopback unless the job spans nodes),
-waits for the ranks, and returns rank 0's result; the ranks die with it. When a rank fails, ``torch.multiprocessing`` stops the others and we raise an error that
+waits for the ranks, and returns rank 0's result; the ranks die with it. It passes a scheduler's
+stop signals (``SIGTERM``, ``SIGUSR1``, ``SIGUSR2``) on to the ranks, which may save and stop
+(:mod:`drivetrain.strategies.preemption`); their :class:`Preempted` ends this process too. When a rank fails, ``torch.multiprocessing`` stops the others and we raise an error that
 names the failed rank and carries its traceback.
 """
 
@@ -11,7 +13,9 @@ import os
 import pickle
 import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +27,9 @@ from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedErro
 from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
 from drivetrain.strategies.launchers.store import check_resolvable, host_store, store_address
+from drivetrain.strategies.preemption import Preempted
 from drivetrain.strategies.rank_failures import read_failures, root_cause
+from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
 
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
@@ -95,6 +101,8 @@ class MultiprocessingLauncher(Launcher):
             with open(result_path, "rb") as file:
                 result = pickle.load(file)
         del store  # hosted until every rank has finished
+        if isinstance(result, _Stopped):
+            raise result.error  # the ranks stopped for a signal and saved: this program ends like them
         return result
 
     def _run(
@@ -126,14 +134,18 @@ class MultiprocessingLauncher(Launcher):
                 port,
                 threads_per_process(num_processes),
                 os.getpid(),
+                # Every rank starts with this process's generators (a seed set before the launch
+                # holds in the ranks, as it does when the script is re-run); the device's start later.
+                {k: v for k, v in capture_rng_states(strategy).items() if k != "device"},
             ),
             nprocs=num_processes,
             join=False,
             start_method=self._start_method,
         )
         try:
-            while not process_context.join():
-                pass
+            with _forwarding_signals([process.pid for process in process_context.processes]):
+                while not process_context.join():
+                    pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             raise self._root_cause(process_context, error, store) from None
 
@@ -184,6 +196,7 @@ def _run_rank(
     main_port: int,
     threads: int,
     parent_pid: int,
+    rng_states: dict[str, Any],
 ) -> None:
     die_with_parent(parent_pid)  # a killed launcher must not leave its ranks running
     os.environ.update(
@@ -199,18 +212,55 @@ def _run_rank(
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     strategy, function, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
+    restore_rng_states(strategy, rng_states)
     # The parent hosts the store, so every rank (rank 0 included) joins it as a client.
     strategy._rendezvous_store = dist.TCPStore(
         main_address, main_port, num_nodes * num_processes, is_master=False, timeout=strategy.timeout
     )
     try:
         result = function(*args, **kwargs)
+    except Preempted as stopped:
+        result = _Stopped(stopped)  # every rank stopped together: a clean end, reported by the parent
     except BaseException as error:
         strategy.on_exception(error)  # recorded for the parent, and no collective on the way out
         raise
     if node_rank == 0 and local_rank == 0:
         with open(result_path, "wb") as file:
             pickle.dump(move_to_device(result, "cpu"), file)
+
+
+class _Stopped:
+    """Rank 0's result when the ranks stopped for a preemption signal (raised again in the parent)."""
+
+    def __init__(self, error: Preempted) -> None:
+        self.error = error
+
+
+#: Signals the launching process passes on to its ranks: a scheduler's stop or requeue signal
+#: reaches this process, while the ranks are the ones that can act on it (save, then exit).
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@contextmanager
+def _forwarding_signals(ranks: list[int]) -> Iterator[None]:
+    """Pass :data:`FORWARDED_SIGNALS` on to the ``ranks`` (pids) while they run (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in ranks:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _error_file_trace(path: str) -> str | None:

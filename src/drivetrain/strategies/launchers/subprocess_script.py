@@ -27,6 +27,7 @@ from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedErro
 from drivetrain.strategies.launchers.parent_death import set_parent_death_signal
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
 from drivetrain.strategies.launchers.store import host_store, store_address
+from drivetrain.strategies.preemption import Preempted, exit_code
 from drivetrain.strategies.rank_failures import FailureRecord, read_failures, root_cause
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 _log = get_logger(__name__)  # launcher messages report failures: every rank that has one says so
 
 INTERRUPT_GRACE_SECONDS = 10.0
+#: The signal that wakes this process's main thread when a child failed: a real-time signal nobody
+#: else uses, so ``SIGUSR1``/``SIGUSR2`` stay the user's and the scheduler's (SLURM's requeue signal).
+INTERRUPT_SIGNAL = signal.SIGRTMAX - 2 if hasattr(signal, "SIGRTMAX") else signal.SIGUSR2
 #: Seconds children get, after this process finished, before they are stopped.
 CHILD_EXIT_TIMEOUT_SECONDS = 120.0
 
@@ -82,6 +86,8 @@ class SubprocessScriptLauncher(Launcher):
         try:
             return function(*args, **kwargs)
         except BaseException as error:
+            if isinstance(error, Preempted):
+                raise  # every rank stops together; the children end with the same code (see _at_exit)
             self._strategy.on_exception(error)
             if isinstance(error, ProcessFailedError):
                 raise  # already names the rank that failed (the watcher interrupted us)
@@ -185,7 +191,7 @@ class SubprocessScriptLauncher(Launcher):
                 target=self._watch, args=(rank, process), daemon=True, name=f"drivetrain-watch-rank-{rank}"
             ).start()
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGUSR1, self._raise_failure)
+            signal.signal(INTERRUPT_SIGNAL, self._raise_failure)
         atexit.register(self._at_exit)
 
     # -- watching ----------------------------------------------------------------------------
@@ -193,7 +199,7 @@ class SubprocessScriptLauncher(Launcher):
         code = process.wait()
         with self._lock:
             self._ended.append((rank, code))
-        if code == 0:
+        if code == 0 or self._preempted(code):
             return
         with self._lock:
             if self._stopping or self._failure is not None:
@@ -211,11 +217,21 @@ class SubprocessScriptLauncher(Launcher):
         if not self._exiting and not self._unwinding:
             self._interrupt_main_thread()
 
+    def _preempted(self, code: int) -> bool:
+        """Whether a child's exit ``code`` is the preemption stop this rank makes too (not a failure)."""
+        watch = self._strategy.preemption
+        return (
+            watch is not None
+            and watch.stopping
+            and watch.signum is not None
+            and code == exit_code(watch.signum)
+        )
+
     def _interrupt_main_thread(self) -> None:
         # The main thread is probably blocked in a collective with the dead rank. A signal wakes it
         # into our handler, which raises ProcessFailedError; if it cannot unwind in time, exit.
         try:
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+            signal.pthread_kill(threading.main_thread().ident or 0, INTERRUPT_SIGNAL)
         except (ValueError, OSError):
             pass
         deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
@@ -284,7 +300,11 @@ class SubprocessScriptLauncher(Launcher):
                 )
                 self.stop_children()
                 os._exit(1)
-        failed = [(rank, p.returncode) for rank, p in self._children if p.returncode not in (0, None)]
+        failed = [
+            (rank, p.returncode)
+            for rank, p in self._children
+            if p.returncode not in (0, None) and not self._preempted(p.returncode)
+        ]
         if failed and not self._stopping:
             for rank, code in failed:
                 _log.error(f"[drivetrain] {_describe_exit(rank, None, code)}.", main_process_only=False)

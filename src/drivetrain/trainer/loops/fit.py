@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies.preemption import PreemptionWatch
+from drivetrain.trainer import preemption
 from drivetrain.trainer.loops.evaluation import limit_below_length
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.state import RunningStage
@@ -39,6 +41,7 @@ class FitLoop:
         self.val_check_batch = self._val_check_batch()
         self._deadline: float | None = None
         self._last_flag = False
+        self._preemption = PreemptionWatch((), int)  # inert; the run's own once run() starts
 
     # -- schedule -------------------------------------------------------------------------
     def _val_check_batch(self) -> float | None:
@@ -104,8 +107,9 @@ class FitLoop:
             trainer._run_evaluation(RunningStage.SANITY_CHECKING)
         trainer._restore_rng_if_resuming()
         hooks.call("on_train_start")
-        while not self.done():
-            self.run_epoch()
+        with preemption.watching(trainer) as self._preemption:
+            while not self.done():
+                self.run_epoch()
         hooks.call("on_train_end")
         hooks.call("on_fit_end")
 
@@ -206,6 +210,7 @@ class FitLoop:
         logging = bool(metrics.loggers) and metrics.is_global_zero
         val_check = self.val_check_batch
         timed = self._deadline is not None
+        watch = self._preemption
         batch_idx = progress.batches_done
         cut = limit_below_length(trainer._data.train_loader, limit)
         optimization.start_epoch(batch_idx)
@@ -232,6 +237,8 @@ class FitLoop:
                 if step_metrics:
                     step_metrics["epoch"] = progress.epoch
                     metrics.log(step_metrics, step=progress.global_step)
+            if watch.pending and watch.stop_here():  # a stop signal reached some rank
+                preemption.stop(trainer, watch)
             if val_due and batch_idx < limit:
                 trainer._run_validation()
                 results.batch_level = True
