@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from drivetrain.trainer import Callback, ModelCheckpoint, OnExceptionCheckpoint
+from drivetrain.trainer import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from trainer.trainer_models import (
     Regression,
     assert_same_weights,
@@ -246,3 +246,26 @@ def test_checkpoints_on_exception_resume_like_an_uninterrupted_run(tmp_path: Pat
     # A fit that ends normally removes the (now outdated) exception checkpoint.
     fit([OnExceptionCheckpoint(tmp_path)], ckpt_path=on_exception.ckpt_path)
     assert not os.path.exists(on_exception.ckpt_path)
+
+
+def test_early_stopping_resumes_from_the_last_checkpoint_of_an_epoch_end_validation(tmp_path: Path) -> None:
+    # Two validations per epoch: EarlyStopping checks each when it ends, as Lightning does. It used
+    # to defer the epoch's last one to on_train_epoch_end, so last.ckpt (written after that
+    # validation) recorded a pending check, and the resumed run failed on a metric it never logged.
+    def run(max_epochs: int, **fit: Any) -> tuple[EarlyStopping, Any]:
+        stopping = EarlyStopping(monitor="score", patience=5)
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+        trainer = quiet_trainer(
+            callbacks=[stopping, checkpoint],
+            enable_checkpointing=True,
+            max_epochs=max_epochs,
+            val_check_interval=0.5,
+        )
+        trainer.fit(Scripted([4.0, 3.0, 2.0, 1.0]), loader(), loader(batch_size=64), **fit)
+        return stopping, trainer
+
+    stopping, trainer = run(1)
+    assert stopping.best_score == 3.0 and trainer.fit_progress.validations_run == 2
+    stopping, trainer = run(2, ckpt_path="last")
+    assert trainer.fit_progress.validations_run == 4 and trainer.current_epoch == 2
+    assert stopping.best_score == 1.0 and stopping.wait_count == 0

@@ -1,10 +1,10 @@
 """``EarlyStopping``: stop fitting when a monitored metric stops improving.
 
 Every rank takes the same decision: the monitored value is rank 0's, so a metric logged
-without ``sync_dist`` cannot make the ranks disagree (and hang). Checks follow validation:
-after a validation in the middle of an epoch right away, after the one at the end of an
-epoch in ``on_train_epoch_end`` (so values the module logs there count). Without validation,
-every epoch end is checked.
+without ``sync_dist`` cannot make the ranks disagree (and hang). Checks follow validation, as
+in Lightning: when validation runs once per epoch at its end, in ``on_train_epoch_end`` (so
+values the module logs there count); when it runs several times per epoch or every few
+epochs, right after each validation. Without validation, every epoch end is checked.
 """
 
 from __future__ import annotations
@@ -89,7 +89,16 @@ class EarlyStopping(Callback):
         if self.check_on_train_epoch_end:
             return
         mid_epoch = not trainer.fit_progress.epoch_ending
-        if mid_epoch or self.check_on_train_epoch_end is False:
+        # Unset, Lightning's rule: wait for the epoch's end only when validation runs exactly once
+        # per epoch, at its end. With several validations per epoch each one is checked when it
+        # ends, the epoch's last too (deferring it left state a checkpoint taken right after this
+        # validation recorded, and a run resumed from it had no metric to check at the epoch end).
+        once_per_epoch = (
+            isinstance(trainer.val_check_interval, float)
+            and trainer.val_check_interval == 1.0
+            and trainer.check_val_every_n_epoch == 1
+        )
+        if mid_epoch or self.check_on_train_epoch_end is False or not once_per_epoch:
             self._check(trainer)
         else:
             self._validated = True
