@@ -41,6 +41,13 @@ def test_a_signal_stops_a_one_process_run_at_the_next_boundary_and_is_not_swallo
         signal.signal(signal.SIGUSR2, previous)
 
 
+def test_several_processes_without_a_store_to_agree_through_install_nothing() -> None:
+    watch = PreemptionWatch([signal.SIGUSR2], int, store=None, world_size=2)
+    assert not watch.can_agree
+    assert not watch.install()  # one rank stopping alone would leave the others in its collectives
+    assert signal.getsignal(signal.SIGUSR2) is not watch._handle
+
+
 def test_preempted_ends_the_program_with_128_plus_the_signal() -> None:
     stopped = Preempted(signal.SIGTERM, "/ckpt/hpc_ckpt_1.ckpt")
     assert isinstance(stopped, SystemExit) and stopped.code == 143

@@ -313,6 +313,11 @@ class ProcessControl:
                     f"(signal.SIGTERM, signal.SIGUSR1); SIGKILL and SIGSTOP cannot be caught."
                 )
         watch = self.strategy.preemption_watch(chosen, lambda: self._preemption_checks)
+        if not watch.can_agree:
+            raise RuntimeError(
+                f"handle_preemption() needs the ranks to agree on a stop step through the rendezvous store, and "
+                f"{type(self.strategy).__name__} has none; preemption is not supported with it."
+            )
         if not watch.install():
             raise RuntimeError(
                 "handle_preemption() must be called from the main thread: signal handlers run only there."

@@ -113,9 +113,20 @@ class PreemptionWatch:
         self._error: BaseException | None = None
 
     # -- handlers --------------------------------------------------------------------------
+    @property
+    def can_agree(self) -> bool:
+        """Whether the ranks can agree on a stop step: one process, or a rendezvous store to agree through."""
+        return self.world_size == 1 or self._store is not None
+
     def install(self) -> bool:
-        """Install the handlers (main thread only); ``False`` where signals cannot be handled here."""
-        if threading.current_thread() is not threading.main_thread() or not self.signals:
+        """Install the handlers; ``False`` (nothing installed) outside the main thread, or where the
+        ranks could not agree (several processes without a rendezvous store: one rank stopping
+        alone would leave the others waiting in its collectives)."""
+        if (
+            threading.current_thread() is not threading.main_thread()
+            or not self.signals
+            or not self.can_agree
+        ):
             return False
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._handle)

@@ -45,7 +45,11 @@ def watching(trainer: Trainer) -> Iterator[PreemptionWatch]:
     """Watch for stop signals while the fit loop runs (handlers only in the main thread)."""
     progress = trainer._progress
     watch = trainer.strategy.preemption_watch(stop_signals(trainer), lambda: progress.total_batches)
-    watch.install()
+    if not watch.install() and not watch.can_agree and trainer.is_global_zero:
+        _log.warning(
+            f"[drivetrain] {type(trainer.strategy).__name__} has no rendezvous store for the ranks to agree on a "
+            f"stop step, so a SIGTERM ends this fit without a preemption checkpoint (save with ModelCheckpoint)."
+        )
     try:
         yield watch
     finally:
