@@ -281,13 +281,21 @@ class Checkpointing(ProcessControl):
             )
         root = _checkpoints_root(config)
         target = paths.join(root, f"checkpoint_{config.iteration}")
-        if paths.exists(target):
-            if _holds_complete_state(target):
-                raise ValueError(
-                    f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
-                    f"past the existing checkpoints, or remove it."
-                )
-            # Left by a save that crashed (a resumed run counts on from the newest complete one): reuse it.
+        # Rank 0 looks and every rank follows its answer: a rank that looked itself after rank 0
+        # removed a leftover would skip the barrier below and leave the others waiting in it.
+        found = None
+        if self.is_main_process and paths.exists(target):
+            found = "complete" if _holds_complete_state(target) else "leftover"
+        if self.strategy.world_size > 1:
+            found = self.strategy.broadcast(found)
+        if found == "complete":
+            raise ValueError(
+                f"The checkpoint directory '{target}' already exists; set ProjectConfiguration(iteration=...) "
+                f"past the existing checkpoints, or remove it."
+            )
+        if (
+            found == "leftover"
+        ):  # left by a save that crashed (a resumed run counts on from the newest complete one)
             if self.is_main_process:
                 remove(target)
             self.strategy.barrier("drivetrain.Accelerator.save_state.clear")
