@@ -42,6 +42,8 @@ def test_importing_the_trainer_loads_only_the_trainer_and_the_module() -> None:
     assert trainer_modules <= {
         "drivetrain.trainer.trainer",
         "drivetrain.trainer.module",
+        "drivetrain.trainer.loop_hooks",  # TrainingModule's mixins: the overridable loop hooks
+        "drivetrain.trainer.module_tools",  # and freeze/toggle/export helpers (parts of the class itself)
         "drivetrain.trainer.datamodule",
         "drivetrain.trainer.hparams",
         "drivetrain.trainer.properties",

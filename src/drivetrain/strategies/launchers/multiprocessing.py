@@ -29,7 +29,6 @@ from drivetrain.strategies.launchers.process_env import threads_per_process, wor
 from drivetrain.strategies.launchers.store import check_resolvable, host_store, store_address
 from drivetrain.strategies.preemption import Preempted
 from drivetrain.strategies.rank_failures import read_failures, root_cause
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
 
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
@@ -115,6 +114,9 @@ class MultiprocessingLauncher(Launcher):
         port: int,
         store: dist.Store | None,
     ) -> None:
+        # Imported here: importing the façade (which reaches this launcher) loads no hardware plugin.
+        from drivetrain.strategies import rng
+
         strategy = self._strategy
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
         # Pickled here with the standard pickler: torch's multiprocessing pickler would move CPU tensors
@@ -136,7 +138,7 @@ class MultiprocessingLauncher(Launcher):
                 os.getpid(),
                 # Every rank starts with this process's generators (a seed set before the launch
                 # holds in the ranks, as it does when the script is re-run); the device's start later.
-                {k: v for k, v in capture_rng_states(strategy).items() if k != "device"},
+                {k: v for k, v in rng.capture_rng_states(strategy).items() if k != "device"},
             ),
             nprocs=num_processes,
             join=False,
@@ -212,7 +214,9 @@ def _run_rank(
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     strategy, function, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-    restore_rng_states(strategy, rng_states)
+    from drivetrain.strategies import rng
+
+    rng.restore_rng_states(strategy, rng_states)
     # The parent hosts the store, so every rank (rank 0 included) joins it as a client.
     strategy._rendezvous_store = dist.TCPStore(
         main_address, main_port, num_nodes * num_processes, is_master=False, timeout=strategy.timeout
