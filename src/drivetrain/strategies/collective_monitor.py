@@ -44,6 +44,8 @@ from torch import Tensor
 
 #: How often the watchdog looks at this rank's collective and activity.
 TICK_SECONDS = 0.5
+#: How long leaving the process group waits for the watchdog thread to finish its current tick.
+STOP_JOIN_SECONDS = 5.0
 #: A collective (or an idle rank) is reported to the other ranks after this long.
 CHECK_AFTER_SECONDS = 2.0
 #: Default ``stall_timeout``: how long a collective waits for idle ranks that are elsewhere.
@@ -178,9 +180,17 @@ class CollectiveMonitor:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the watchdog (when the process group is left)."""
+        """Stop the watchdog (when the process group is left) and wait for it to finish its tick.
+
+        Joined, not only signalled: a daemon thread still inside a store call when the interpreter
+        finalises is ended from within torch's C++ code, which aborts the process ("terminate called
+        without an active exception") after all its work is done.
+        """
         if self._stop is not None:
             self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=STOP_JOIN_SECONDS)
 
     def _watch(self) -> None:
         stop = self._stop
