@@ -331,6 +331,11 @@ class ParallelStrategy(Strategy):
         self._leave_process_group(wait_for_peers=True)
         super().teardown()
 
+    def leave_at_exit(self) -> None:
+        """Leave the process group as a rank does at interpreter exit (peers waited for, bounded)."""
+        failed = _crashed or self._failure is not None
+        self._leave_process_group(wait_for_peers=False, store_wait=0.0 if failed else EXIT_WAIT_SECONDS)
+
     def preemption_watch(self, signals: Iterable[int], position: Callable[[], int]) -> PreemptionWatch:
         """The ranks agree on the stop step through the job's rendezvous store (see the base class)."""
         self._watches += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -231,6 +232,14 @@ def _run_rank(
     if node_rank == 0 and local_rank == 0:
         with open(result_path, "wb") as file:
             pickle.dump(move_to_device(result, "cpu"), file)
+    # The rank's work is done and reported. Leave the process group (a no-op if the function did),
+    # then end without interpreter finalisation: daemon threads still inside torch's C++ code are
+    # killed there, which aborts the rank ("terminate called without an active exception"). Exit
+    # handlers are not run: a forked rank holds copies of the launching process's handlers.
+    strategy.leave_at_exit()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Stopped:
