@@ -9,6 +9,7 @@ names the failed rank and carries its traceback.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import signal
@@ -232,11 +233,15 @@ def _run_rank(
     if node_rank == 0 and local_rank == 0:
         with open(result_path, "wb") as file:
             pickle.dump(move_to_device(result, "cpu"), file)
-    # The rank's work is done and reported. Leave the process group (a no-op if the function did),
-    # then end without interpreter finalisation: daemon threads still inside torch's C++ code are
-    # killed there, which aborts the rank ("terminate called without an active exception"). Exit
-    # handlers are not run: a forked rank holds copies of the launching process's handlers.
+    # The rank's work is done and reported. Leave the process group (a no-op if the function did).
+    # A spawned rank then runs its exit handlers (trackers finish their runs there) and ends without
+    # interpreter finalisation: daemon threads still inside torch's C++ code are killed there, which
+    # aborts the rank ("terminate called without an active exception"). A forked rank holds copies
+    # of the launching process's exit handlers, so it ends the ordinary way.
     strategy.leave_at_exit()
+    if not isinstance(payload, bytes):
+        return
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
