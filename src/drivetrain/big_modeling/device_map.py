@@ -10,7 +10,6 @@ splitting modules that do not fit into their children (never those of ``no_split
 from __future__ import annotations
 
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TypeAlias
@@ -18,35 +17,10 @@ from typing import TypeAlias
 import torch
 from torch import nn
 
+from drivetrain._utilities.sizes import parse_size
+
 Place: TypeAlias = int | str
 DeviceMap: TypeAlias = Mapping[str, Place]
-
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from ``123``, ``"10MB"``, ``"1.5GiB"`` …
-
-    Raises:
-        ValueError: not a size.
-    """
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
-        return size
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(size).upper())
-    if match is None:
-        raise ValueError(
-            f"{size!r} is not a memory size; give bytes (an int) or a string such as '10MB' or '2GiB'."
-        )
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 def _bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from drivetrain._utilities import paths
+from drivetrain._utilities.sizes import parse_size
 from drivetrain.facade.process_control import ProcessControl
 
 if TYPE_CHECKING:
@@ -114,35 +114,13 @@ def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return result
 
 
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes in ``size``: an int, or a string such as ``"10GB"`` or ``"500MiB"``."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", str(size).upper())
-    if match is None or match.group(2) not in _UNITS:
-        raise ValueError(
-            f"max_shard_size={size!r} is not a size; use bytes (an int) or a string like '10GB' or '500MB'."
-        )
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
 def write_model(
     state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str, safe_serialization: bool
 ) -> None:
     """Write a state dict as one file, or as shards with an index, in Hugging Face's layout (local or remote)."""
-    limit = parse_size(max_shard_size)
+    limit = parse_size(max_shard_size, "max_shard_size")
+    if limit == 0:
+        raise ValueError("max_shard_size=0 leaves no room for a tensor; give a positive size such as '10GB'.")
     paths.makedirs(directory)
     stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     shards: list[dict[str, torch.Tensor]] = [{}]
