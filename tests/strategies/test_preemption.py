@@ -3,7 +3,9 @@ processes are in tests/faults/test_preemption.py)."""
 
 from __future__ import annotations
 
+import gc
 import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,17 @@ def test_the_accelerator_checks_its_preemption_calls() -> None:
         assert accelerator._preemption is not None
         accelerator._preemption.uninstall()
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_an_accelerator_watching_for_preemption_is_freed_with_its_handlers_when_dropped() -> None:
+    previous = signal.getsignal(signal.SIGUSR2)
+    accelerator = dt.Accelerator(cpu=True)
+    accelerator.handle_preemption(signals=[signal.SIGUSR2])
+    assert signal.getsignal(signal.SIGUSR2) is not previous
+    gone = weakref.ref(accelerator)
+    del accelerator
+    gc.collect()
+    # Neither the signal table nor the exit handlers keep the Accelerator (and its model) alive,
+    # and the handler it installed does not outlive it.
+    assert gone() is None
+    assert signal.getsignal(signal.SIGUSR2) is previous

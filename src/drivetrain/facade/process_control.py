@@ -5,9 +5,9 @@ A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -312,7 +312,9 @@ class ProcessControl:
                     f"handle_preemption(signals={signals!r}): give signals a process can handle, e.g. "
                     f"(signal.SIGTERM, signal.SIGUSR1); SIGKILL and SIGSTOP cannot be caught."
                 )
-        watch = self.strategy.preemption_watch(chosen, lambda: self._preemption_checks)
+        # The watch lives in the signal table (and in the exit handlers): it must not keep the
+        # Accelerator, with its model and optimizer, alive after the user lets it go.
+        watch = self.strategy.preemption_watch(chosen, functools.partial(_checks_made, weakref.ref(self)))
         if not watch.can_agree:
             raise RuntimeError(
                 f"handle_preemption() needs the ranks to agree on a stop step through the rendezvous store, and "
@@ -323,7 +325,9 @@ class ProcessControl:
                 "handle_preemption() must be called from the main thread: signal handlers run only there."
             )
         self._preemption = watch
-        atexit.register(watch.uninstall)  # a signal that came after the last check is not swallowed
+        # Uninstalled when this Accelerator goes or at exit, whichever comes first: a signal that came
+        # after the last check is not swallowed, and no handler outlives the run it was for.
+        weakref.finalize(self, watch.uninstall)
 
     def check_preemption(self) -> bool:
         """Whether the run stops here for a stop signal: the same answer on every process, at the same call.
@@ -370,3 +374,9 @@ class ProcessControl:
         if fired:
             self._trigger = False
         return fired
+
+
+def _checks_made(owner: weakref.ref[ProcessControl]) -> int:
+    """How many times ``owner`` called ``check_preemption()`` (0 once it is gone)."""
+    alive = owner()
+    return alive._preemption_checks if alive is not None else 0
