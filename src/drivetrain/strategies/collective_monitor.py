@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from drivetrain.strategies.collective_errors import CollectiveMismatchError, CollectiveStuckError
+
 #: How often the watchdog looks at this rank's collective and activity.
 TICK_SECONDS = 0.5
 #: How long leaving the process group waits for the watchdog thread to finish its current tick.
@@ -57,14 +59,6 @@ _monotonic = time.monotonic
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STRATEGIES = os.path.join(_PACKAGE, "strategies")
 _STDLIB = os.path.dirname(os.__file__)
-
-
-class CollectiveMismatchError(RuntimeError):
-    """Ranks called different collectives, or the same one with tensors of different shapes or dtypes."""
-
-
-class CollectiveStuckError(RuntimeError):
-    """A collective waited ``stall_timeout`` for ranks that are elsewhere and making no progress."""
 
 
 class InFlight(NamedTuple):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from drivetrain.strategies.collective_monitor import CollectiveMismatchError
+from drivetrain.strategies.collective_errors import CollectiveMismatchError
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
