@@ -25,6 +25,9 @@ _LAZY = {
     "Trainer": "drivetrain.trainer",
     "TrainingModule": "drivetrain.trainer",
     "DataModule": "drivetrain.trainer",
+    "Tuner": "drivetrain.trainer.tuner",
+    "LearningRateFinder": "drivetrain.trainer.callbacks",
+    "BatchSizeFinder": "drivetrain.trainer.callbacks",
     # Accelerate's big-model helpers, at the top level as in ``accelerate``.
     "init_empty_weights": "drivetrain.big_modeling",
     "init_on_device": "drivetrain.big_modeling",
@@ -37,11 +40,14 @@ _LAZY = {
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "BatchSizeFinder",
     "DataModule",
+    "LearningRateFinder",
     "PartialState",
     "SeedableRandomSampler",
     "Trainer",
     "TrainingModule",
+    "Tuner",
     "__version__",
     "connect",
     "cpu_offload",
@@ -73,6 +79,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.facade.notebook import debug_launcher, notebook_launcher
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
+    from drivetrain.trainer.callbacks import BatchSizeFinder, LearningRateFinder
+    from drivetrain.trainer.tuner import Tuner
     from drivetrain.utils.memory import find_executable_batch_size
 
 

@@ -13,8 +13,10 @@ from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
     from drivetrain.trainer.callbacks import (
+        BatchSizeFinder,
         Callback,
         EarlyStopping,
+        LearningRateFinder,
         LearningRateMonitor,
         ModelCheckpoint,
         ModelSummary,
@@ -27,14 +29,17 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.state import RunningStage, TrainerFn, TrainerState, TrainerStatus
     from drivetrain.trainer.trainer import Trainer
+    from drivetrain.trainer.tuner import Tuner
 
 _CALLBACKS = "drivetrain.trainer.callbacks"
 _STATE = "drivetrain.trainer.state"
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "BatchSizeFinder": _CALLBACKS,
         "Callback": _CALLBACKS,
         "EarlyStopping": _CALLBACKS,
+        "LearningRateFinder": _CALLBACKS,
         "LearningRateMonitor": _CALLBACKS,
         "ModelCheckpoint": _CALLBACKS,
         "ModelSummary": _CALLBACKS,
@@ -49,13 +54,16 @@ __getattr__, __dir__ = lazy_exports(
         "TrainerState": _STATE,
         "TrainerStatus": _STATE,
         "Trainer": "drivetrain.trainer.trainer",
+        "Tuner": "drivetrain.trainer.tuner",
     },
 )
 
 __all__ = [
+    "BatchSizeFinder",
     "Callback",
     "DataModule",
     "EarlyStopping",
+    "LearningRateFinder",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
@@ -69,4 +77,5 @@ __all__ = [
     "TrainerState",
     "TrainerStatus",
     "TrainingModule",
+    "Tuner",
 ]

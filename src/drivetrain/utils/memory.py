@@ -2,7 +2,8 @@
 
 ``find_executable_batch_size`` is the one batch-size search of the project: it retries a
 function with a halved batch size (or your reduction) while the device runs out of memory.
-A batch-size tuner of the Trainer can call it with its own trial function.
+:func:`search_batch_size` (the Trainer's ``Tuner.scale_batch_size`` and ``BatchSizeFinder``) starts
+with it and then grows the batch while it fits, with the same out-of-memory detection.
 """
 
 from __future__ import annotations
@@ -123,3 +124,75 @@ def find_executable_batch_size(
                 batch_size = reduce(batch_size)
 
     return search
+
+
+def search_batch_size(
+    trial: Callable[[int], Any],
+    *,
+    init_val: int = 2,
+    mode: str = "power",
+    max_trials: int = 25,
+    max_val: int | None = None,
+) -> int:
+    """The largest batch size for which ``trial(batch_size)`` runs without running out of memory.
+
+    The batch-size search of the Trainer's tuner, built on :func:`find_executable_batch_size`: from
+    ``init_val`` the batch is halved after each out-of-memory error until one fits (that decorator's
+    loop); from there it doubles while trials fit. ``mode="power"`` stops at the last power-of-two
+    multiple that fitted; ``"binsearch"`` then bisects between it and the first size that did not.
+
+    Args:
+        trial: runs a few steps at a batch size; raises an out-of-memory error
+            (:func:`should_reduce_batch_size`) when that size does not fit.
+        init_val: the first batch size tried.
+        mode: ``"power"`` or ``"binsearch"``.
+        max_trials: the most trials of the growing and bisecting phases (the halving phase runs until
+            a size fits).
+        max_val: never try more than this (the size of the data set, when known).
+
+    Raises:
+        RuntimeError: not even a batch of 1 fits.
+    """
+    if mode not in ("power", "binsearch"):
+        raise ValueError(f"mode={mode!r} is not a batch-size search; use 'power' or 'binsearch'.")
+    for name, value in (("init_val", init_val), ("max_trials", max_trials)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+    if max_val is not None and max_val < 1:
+        raise ValueError(f"max_val must be None or an int >= 1, got {max_val!r}.")
+    trials = 0
+
+    def run(batch_size: int) -> int:
+        nonlocal trials
+        trials += 1
+        trial(batch_size)
+        return batch_size
+
+    def fits(batch_size: int) -> bool:
+        try:
+            run(batch_size)
+        except Exception as error:
+            if not should_reduce_batch_size(error):
+                raise
+            del error
+            release_memory()
+            return False
+        return True
+
+    start = min(init_val, max_val) if max_val is not None else init_val
+    low: int = find_executable_batch_size(run, starting_batch_size=start)()
+    high: int | None = None
+    while trials < max_trials and (max_val is None or low < max_val):
+        candidate = low * 2 if max_val is None else min(low * 2, max_val)
+        if not fits(candidate):
+            high = candidate
+            break
+        low = candidate
+    if mode == "binsearch" and high is not None:
+        while high - low > 1 and trials < max_trials:
+            middle = (low + high) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle
+    return low

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
+    from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
     from drivetrain.trainer.callbacks.lr_monitor import LearningRateMonitor
     from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
     from drivetrain.trainer.callbacks.model_summary import ModelSummary
@@ -23,8 +25,10 @@ _PROGRESS = "drivetrain.trainer.callbacks.progress"
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "BatchSizeFinder": "drivetrain.trainer.callbacks.batch_size_finder",
         "Callback": "drivetrain.trainer.callbacks.callback",
         "EarlyStopping": "drivetrain.trainer.callbacks.early_stopping",
+        "LearningRateFinder": "drivetrain.trainer.callbacks.lr_finder",
         "LearningRateMonitor": "drivetrain.trainer.callbacks.lr_monitor",
         "ModelCheckpoint": "drivetrain.trainer.callbacks.model_checkpoint",
         "ModelSummary": "drivetrain.trainer.callbacks.model_summary",
@@ -36,8 +40,10 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 __all__ = [
+    "BatchSizeFinder",
     "Callback",
     "EarlyStopping",
+    "LearningRateFinder",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",

@@ -103,6 +103,9 @@ class FitLoop:
         if self.settings.max_time is not None:
             self._deadline = time.monotonic() + self.settings.max_time.total_seconds()
         hooks.call("on_fit_start")
+        # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
+        self.num_batches = trainer._data.num_training_batches
+        self.val_check_batch = self._val_check_batch()
         if self._sanity_steps() and not trainer._restored:
             trainer._run_evaluation(RunningStage.SANITY_CHECKING)
         trainer._restore_rng_if_resuming()

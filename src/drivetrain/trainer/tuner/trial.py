@@ -1,0 +1,172 @@
+"""Short training runs inside a fit, and putting everything back after them.
+
+The tuner's searches run where a fit has set everything up (the strategy, the wrapped model, the
+optimizers, the loaders): in ``on_fit_start`` of :class:`~drivetrain.trainer.callbacks.LearningRateFinder`
+and :class:`~drivetrain.trainer.callbacks.BatchSizeFinder`, which ``Tuner`` adds for one fit that ends
+there. :func:`run_steps` trains a few optimizer steps through the Trainer's own fit loop and step (so
+precision, accumulation, clipping and the strategy's backward all apply), with only the given
+callbacks, no loggers, no validation and none of the module's schedulers.
+:class:`TuningSession` saves what such runs change (weights, optimizer, scheduler and precision
+state, loop progress, logged values, the loaders, the random generators) and restores it after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
+from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.callbacks.callback import Callback
+    from drivetrain.trainer.loops.fit import FitLoop
+    from drivetrain.trainer.trainer import Trainer
+
+
+class TuningSession:
+    """The state of a running fit that trials change, kept in memory: :meth:`restore` puts it back.
+
+    The training state (weights, optimizer, scheduler and precision state, random generators) and
+    the Trainer's (settings, progress, callbacks, logged values, loaders).
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        module = trainer._module
+        self.weights = {name: value.detach().clone() for name, value in module.state_dict().items()}
+        self.optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in trainer._optimizers]
+        self.schedulers = [
+            copy.deepcopy(config.scheduler.state_dict()) for config in trainer._scheduler_configs
+        ]
+        self.precision = copy.deepcopy(trainer.strategy.precision.state_dict())
+        self.rng = capture_rng_states(trainer.strategy)
+        data, metrics = trainer._data, trainer._metrics
+        self.saved: dict[str, Any] = {
+            "settings": trainer._settings,
+            "progress": trainer._progress,
+            "should_stop": trainer.should_stop,
+            "callbacks": trainer._callbacks,
+            "hooks": trainer._hooks,
+            "schedulers": trainer._scheduler_configs,
+            "train_results": trainer._train_results,
+            "stage": trainer.state.stage,
+            "loggers": metrics.loggers,
+            "metrics_train": metrics.train,
+            "persisted": dict(metrics.persisted),
+            "persisted_prog_bar": dict(metrics.persisted_prog_bar),
+            "logged": dict(metrics.logged),
+            "module_results": module._results,
+            "train_loader": data.train_loader,
+            "num_training_batches": data.num_training_batches,
+            "validation_enabled": data.validation_enabled,
+            "eval": data._eval,
+        }
+
+    def restore(self) -> None:
+        """Everything as when the session started (also the start of every batch-size trial)."""
+        trainer = self.trainer
+        module = trainer._module
+        module.load_state_dict(self.weights)
+        for optimizer, state in zip(trainer._optimizers, self.optimizers):
+            optimizer.load_state_dict(copy.deepcopy(state))
+            optimizer.zero_grad(set_to_none=True)
+        for config, state in zip(self.saved["schedulers"], self.schedulers):
+            config.scheduler.load_state_dict(copy.deepcopy(state))
+        trainer.strategy.precision.load_state_dict(copy.deepcopy(self.precision))
+        restore_rng_states(trainer.strategy, self.rng)
+        saved = self.saved
+        trainer._settings = saved["settings"]
+        trainer._progress = saved["progress"]
+        trainer.should_stop = saved["should_stop"]
+        trainer._callbacks = saved["callbacks"]
+        trainer._hooks = saved["hooks"]
+        trainer._scheduler_configs = saved["schedulers"]
+        trainer._train_results = saved["train_results"]
+        trainer.state.stage = saved["stage"]
+        metrics = trainer._metrics
+        metrics.loggers = saved["loggers"]
+        metrics.train = saved["metrics_train"]
+        metrics.persisted = dict(saved["persisted"])
+        metrics.persisted_prog_bar = dict(saved["persisted_prog_bar"])
+        metrics.logged = dict(saved["logged"])
+        module._results = saved["module_results"]
+        data = trainer._data
+        data.train_loader = saved["train_loader"]
+        data.num_training_batches = saved["num_training_batches"]
+        data.validation_enabled = saved["validation_enabled"]
+        data._eval = saved["eval"]
+        # The step binds the progress, hooks and schedulers of the fit: bind them again.
+        trainer._optimization.setup(trainer._optimizers, trainer._scheduler_configs)
+
+
+@contextlib.contextmanager
+def tuning_session(trainer: Trainer) -> Iterator[TuningSession]:
+    """Everything trials change is as before when the block ends (also after an error)."""
+    if trainer.state.fn != TrainerFn.FITTING or not trainer._optimizers:
+        raise RuntimeError(
+            "The tuner runs inside trainer.fit(), after the optimizers are set up (in on_fit_start); "
+            f"the trainer is running {trainer.state.fn.value if trainer.state.fn else 'nothing'}."
+        )
+    session = TuningSession(trainer)
+    try:
+        yield session
+    finally:
+        session.restore()
+
+
+def reload_train_data(trainer: Trainer) -> None:
+    """Build the fit's loaders again (after the batch size they read has changed)."""
+    trainer._data.setup(TrainerFn.FITTING)
+
+
+def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> int:
+    """Train ``max_steps`` optimizer steps (fewer when a callback sets ``trainer.should_stop``) in this fit.
+
+    Runs inside :func:`tuning_session`, through the fit loop (more epochs than one when the loader
+    is short), with ``callbacks`` only, without loggers, validation or the module's schedulers.
+    Returns the steps taken.
+    """
+    return train_steps(trainer, prepare_steps(trainer, max_steps, callbacks))
+
+
+def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> FitLoop:
+    """Set the Trainer up for :func:`train_steps` (what the previous trial left behind is released here)."""
+    from drivetrain.trainer.loops.fit import FitLoop
+    from drivetrain.trainer.results import ResultCollection
+    from drivetrain.trainer.trainer import _collectives
+
+    trainer._settings = dataclasses.replace(
+        trainer._settings,
+        max_steps=max_steps,
+        # Each epoch trains at least one batch, so this many epochs make the steps (a module that skips
+        # every batch cannot keep the loop going forever).
+        max_epochs=max_steps * trainer._settings.accumulate_grad_batches,
+        min_epochs=0,
+        min_steps=0,
+        max_time=None,
+        num_sanity_val_steps=0,
+    )
+    trainer._progress = FitProgress()
+    trainer.should_stop = False
+    trainer._callbacks = list(callbacks)
+    trainer._hook_runner(rebuild=True)
+    trainer._scheduler_configs = []
+    trainer._train_results = ResultCollection(True, *_collectives(trainer.strategy))
+    metrics = trainer._metrics
+    metrics.loggers = []
+    metrics.train = trainer._train_results
+    trainer._data.validation_enabled = False
+    trainer._optimization.setup(trainer._optimizers, [])
+    trainer.state.stage = RunningStage.TRAINING
+    return FitLoop(trainer)
+
+
+def train_steps(trainer: Trainer, loop: FitLoop) -> int:
+    """Run the epochs of a loop from :func:`prepare_steps` until its steps are done; returns the steps."""
+    while not loop.done():
+        loop.run_epoch()
+    return trainer._progress.global_step
