@@ -12,51 +12,24 @@ measure does not depend on the machine's load or on other processes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+from drivetrain._utilities.sizes import parse_size
 
 
 def parse_memory(value: Any, name: str = "max_memory") -> int | None:
-    """Bytes from ``value``: ``None``, an int number of bytes, or a string such as ``"2GB"`` or ``"512MiB"``.
-
-    ``KB``/``MB``/``GB``/``TB`` are powers of 1000 and ``KiB``/``MiB``/``GiB``/``TiB`` powers of 1024, as in
-    Accelerate's ``max_memory``.
-    """
+    """Bytes from ``value``: ``None``, an int number of bytes, or a size such as ``"2GB"`` or ``"512MiB"``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TypeError(
             f"{name} expects a number of bytes (int) or a size such as '2GB' or '512MiB', got {value!r}."
         )
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _SIZE.fullmatch(value)
-        unit = match.group(2).upper() if match else None
-        if match is None or unit not in _UNITS:
-            raise ValueError(
-                f"{name}={value!r} is not a size; write a number and a unit: B, KB, MB, GB, TB (powers of 1000) "
-                f"or KiB, MiB, GiB, TiB (powers of 1024), e.g. '2GB'."
-            )
-        size = int(float(match.group(1)) * _UNITS[unit])
+    size = parse_size(value, name)
     if size <= 0:
         raise ValueError(f"{name}={value!r} is not a positive size.")
     return size
