@@ -405,3 +405,52 @@ def test_lr_find_under_ddp_agrees_on_every_process() -> None:
     assert first["results"] == second["results"] and len(first["results"]["loss"]) > 12
     assert first["lr"] == second["lr"] != 0.01
     assert "runs in one process; this Trainer runs 2" in first["refused"]
+
+
+# -- a real GPU ------------------------------------------------------------------------------------------
+
+
+class DeviceHungry(dt.TrainingModule):
+    """Each sample needs 1/40 of the GPU's memory during the step: 32 fit, 64 run out of memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = 2
+        self.lr = 0.01
+        self.net = nn.Linear(FEATURES, 1)
+        self.per_sample = torch.cuda.get_device_properties(0).total_memory // 40 // 4  # float32 values
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        activations = torch.ones(len(x), self.per_sample, device=x.device)  # a real allocation on the device
+        return nn.functional.mse_loss(self.net(x), y) + 0 * activations[:, :1].mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        data = TensorDataset(torch.randn(SAMPLES, FEATURES), torch.randn(SAMPLES, 1))
+        return DataLoader(data, batch_size=self.batch_size)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_running_out_of_memory_means_the_batch_does_not_fit() -> None:
+    model = DeviceHungry()
+    trainer = quiet_trainer(accelerator="gpu", devices=1, max_epochs=1)
+    assert dt.Tuner(trainer).scale_batch_size(model) == 32  # 64 samples ask for 160% of the memory
+    finder = BatchSizeFinder(mode="binsearch", init_val=32)
+    quiet_trainer(accelerator="gpu", devices=1, max_epochs=1, callbacks=[finder]).fit(model)
+    found = finder.optimal_batch_size
+    assert found is not None and 32 <= found < 40
+    outcome = {trial.batch_size: trial.fits for trial in finder.trials}
+    assert outcome[found] and outcome[found + 1] is False and outcome[64] is False
+    with pytest.raises(ValueError, match="limits the memory of a CPU run"):
+        dt.Tuner(trainer).scale_batch_size(DeviceHungry(), max_memory="1GB")
+    # The range test on the GPU, under fp16 loss scaling: weights and the scaler come back as they were.
+    lr_model = Regression(lr=0.01).cuda()
+    before = _weights(lr_model)
+    tuner = dt.Tuner(quiet_trainer(accelerator="gpu", devices=1, precision="16-mixed"))
+    lr_finder = tuner.lr_find(lr_model, loader(), num_training=30)
+    assert lr_finder is not None and lr_model.hparams.lr == lr_finder.suggestion()
+    _assert_same_tensors(_weights(lr_model), before)
