@@ -266,13 +266,15 @@ def read_checkpoint(
     if located is None:
         shown = where.shared if paths.is_remote(where.shared) else Path(where.shared).resolve()
         raise FileNotFoundError(f"No checkpoint at '{where.shared}' (resolved to '{shown}').")
-    live: dict[str, Any] = {model_key(index): model for index, model in enumerate(objects.models)}
+    door_entries = dict(door_entries or {})
+    # The door's entries are restored first: an object there may prepare the live objects for their
+    # states (a Trainer callback re-creates the parameter groups it had added to an optimizer).
+    live: dict[str, Any] = dict(door_entries)
+    live.update({model_key(index): model for index, model in enumerate(objects.models)})
     if not models_only:
         live.update({optimizer_key(index): opt for index, opt in enumerate(objects.optimizers)})
         live.update({scheduler_key(index): sched for index, sched in enumerate(objects.schedulers)})
         live.update({PRECISION: strategy.precision, META: None, PROCESSES: None})
-    door_entries = dict(door_entries or {})
-    live.update(door_entries)
     try:
         # weights_only and map_location are passed only when they differ from the defaults: a
         # user strategy's load_state may predate the arguments.

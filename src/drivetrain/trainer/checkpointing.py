@@ -121,12 +121,15 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
             f"Load differing weights with load_from_checkpoint(..., strict=False) and start a new fit, or set "
             f"strict_loading = True."
         )
+    callbacks = _CallbackStates(trainer)
     try:
         loaded = read_checkpoint(
             trainer.strategy,
             path,
             _objects(trainer),
-            {"loops": None},
+            # Callbacks first (door entries are restored before the optimizers): BaseFinetuning re-creates
+            # the parameter groups it had added, which the optimizers' saved states include.
+            {"callbacks": callbacks, "loops": None},
             weights_only=trainer._ckpt_weights_only,
             opt_out=_opt_out(trainer),
             translate=_translator(trainer, path, training=True),
@@ -140,10 +143,6 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     loops, rest = loaded.entries["loops"], loaded.rest
     trainer._progress.load_state_dict(loops.get("fit", {}))
     trainer.should_stop = bool(loops.get("should_stop", False))
-    callback_states = rest.get("callbacks", {})
-    for callback in trainer.callbacks:
-        if callback.state_key in callback_states:
-            callback.load_state_dict(callback_states[callback.state_key])
     if trainer._train_results is not None and rest.get("results"):
         trainer._train_results.load_state_dict(rest["results"])
     datamodule = trainer.datamodule
@@ -153,7 +152,7 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
     if loaded.process is not None:
         _restore_training_position(trainer, loaded.process)
     trainer._restored = True
-    trainer._hooks.call("on_load_checkpoint", {**rest, **loaded.entries})
+    trainer._hooks.call("on_load_checkpoint", {**rest, **loaded.entries, "callbacks": callbacks.saved})
 
 
 def restore_weights(trainer: Trainer, path: str | Path) -> None:
@@ -169,6 +168,23 @@ def restore_weights(trainer: Trainer, path: str | Path) -> None:
         translate=_translator(trainer, path, training=False),
     )
     trainer._hooks.call("on_load_checkpoint", loaded.rest)
+
+
+class _CallbackStates:
+    """The checkpoint's ``"callbacks"`` entry as a live object: restoring it restores every callback's state."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.callbacks = trainer.callbacks
+        self.saved: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.saved
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.saved = saved
+        for callback in self.callbacks:
+            if callback.state_key in saved:
+                callback.load_state_dict(saved[callback.state_key])
 
 
 def _restore_training_position(trainer: Trainer, process: dict[str, Any]) -> None:
@@ -197,9 +213,16 @@ def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
     if located is None or not lightning_checkpoint.is_lightning_checkpoint(located):
         return None
     keys = {callback.state_key for callback in trainer.callbacks}
-    return lambda checkpoint: lightning_checkpoint.translate(
-        checkpoint, training=training, source=str(path), callback_keys=keys
-    )
+
+    def translate(checkpoint: dict[str, Any]) -> dict[str, Any]:
+        converted = lightning_checkpoint.translate(
+            checkpoint, training=training, source=str(path), callback_keys=keys
+        )
+        if training:
+            converted.setdefault("callbacks", {})  # a resume restores them; Lightning may have saved none
+        return converted
+
+    return translate
 
 
 def _objects(trainer: Trainer) -> TrainingObjects:
