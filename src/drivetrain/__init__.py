@@ -28,6 +28,12 @@ _LAZY = {
     "Tuner": "drivetrain.trainer.tuner",
     "LearningRateFinder": "drivetrain.trainer.callbacks",
     "BatchSizeFinder": "drivetrain.trainer.callbacks",
+    "BackboneFinetuning": "drivetrain.trainer.callbacks",
+    "BaseFinetuning": "drivetrain.trainer.callbacks",
+    "EMAWeightAveraging": "drivetrain.trainer.callbacks",
+    "ModelPruning": "drivetrain.trainer.callbacks",
+    "StochasticWeightAveraging": "drivetrain.trainer.callbacks",
+    "WeightAveraging": "drivetrain.trainer.callbacks",
     # Accelerate's big-model helpers, at the top level as in ``accelerate``.
     "init_empty_weights": "drivetrain.big_modeling",
     "init_on_device": "drivetrain.big_modeling",
@@ -40,14 +46,20 @@ _LAZY = {
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BatchSizeFinder",
     "DataModule",
+    "EMAWeightAveraging",
     "LearningRateFinder",
+    "ModelPruning",
     "PartialState",
     "SeedableRandomSampler",
+    "StochasticWeightAveraging",
     "Trainer",
     "TrainingModule",
     "Tuner",
+    "WeightAveraging",
     "__version__",
     "connect",
     "cpu_offload",
@@ -79,7 +91,16 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.facade.notebook import debug_launcher, notebook_launcher
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
-    from drivetrain.trainer.callbacks import BatchSizeFinder, LearningRateFinder
+    from drivetrain.trainer.callbacks import (
+        BackboneFinetuning,
+        BaseFinetuning,
+        BatchSizeFinder,
+        EMAWeightAveraging,
+        LearningRateFinder,
+        ModelPruning,
+        StochasticWeightAveraging,
+        WeightAveraging,
+    )
     from drivetrain.trainer.tuner import Tuner
     from drivetrain.utils.memory import find_executable_batch_size
 

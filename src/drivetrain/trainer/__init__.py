@@ -13,17 +13,23 @@ from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
     from drivetrain.trainer.callbacks import (
+        BackboneFinetuning,
+        BaseFinetuning,
         BatchSizeFinder,
         Callback,
         EarlyStopping,
+        EMAWeightAveraging,
         LearningRateFinder,
         LearningRateMonitor,
         ModelCheckpoint,
+        ModelPruning,
         ModelSummary,
         OnExceptionCheckpoint,
         ProgressBar,
+        StochasticWeightAveraging,
         ThroughputMonitor,
         TQDMProgressBar,
+        WeightAveraging,
     )
     from drivetrain.trainer.datamodule import DataModule
     from drivetrain.trainer.module import TrainingModule
@@ -38,6 +44,12 @@ __getattr__, __dir__ = lazy_exports(
     {
         "BatchSizeFinder": _CALLBACKS,
         "Callback": _CALLBACKS,
+        "BackboneFinetuning": _CALLBACKS,
+        "BaseFinetuning": _CALLBACKS,
+        "EMAWeightAveraging": _CALLBACKS,
+        "ModelPruning": _CALLBACKS,
+        "StochasticWeightAveraging": _CALLBACKS,
+        "WeightAveraging": _CALLBACKS,
         "EarlyStopping": _CALLBACKS,
         "LearningRateFinder": _CALLBACKS,
         "LearningRateMonitor": _CALLBACKS,
@@ -59,17 +71,22 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BatchSizeFinder",
     "Callback",
     "DataModule",
+    "EMAWeightAveraging",
     "EarlyStopping",
     "LearningRateFinder",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelPruning",
     "ModelSummary",
     "OnExceptionCheckpoint",
     "ProgressBar",
     "RunningStage",
+    "StochasticWeightAveraging",
     "TQDMProgressBar",
     "ThroughputMonitor",
     "Trainer",
@@ -78,4 +95,5 @@ __all__ = [
     "TrainerStatus",
     "TrainingModule",
     "Tuner",
+    "WeightAveraging",
 ]

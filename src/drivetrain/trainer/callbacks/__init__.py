@@ -13,13 +13,17 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
+    from drivetrain.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
     from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
     from drivetrain.trainer.callbacks.lr_monitor import LearningRateMonitor
     from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
     from drivetrain.trainer.callbacks.model_summary import ModelSummary
     from drivetrain.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+    from drivetrain.trainer.callbacks.pruning import ModelPruning
+    from drivetrain.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
     from drivetrain.trainer.callbacks.throughput import ThroughputMonitor
+    from drivetrain.trainer.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 _PROGRESS = "drivetrain.trainer.callbacks.progress"
 __getattr__, __dir__ = lazy_exports(
@@ -27,6 +31,12 @@ __getattr__, __dir__ = lazy_exports(
     {
         "BatchSizeFinder": "drivetrain.trainer.callbacks.batch_size_finder",
         "Callback": "drivetrain.trainer.callbacks.callback",
+        "BackboneFinetuning": "drivetrain.trainer.callbacks.finetuning",
+        "BaseFinetuning": "drivetrain.trainer.callbacks.finetuning",
+        "EMAWeightAveraging": "drivetrain.trainer.callbacks.weight_averaging",
+        "ModelPruning": "drivetrain.trainer.callbacks.pruning",
+        "StochasticWeightAveraging": "drivetrain.trainer.callbacks.stochastic_weight_avg",
+        "WeightAveraging": "drivetrain.trainer.callbacks.weight_averaging",
         "EarlyStopping": "drivetrain.trainer.callbacks.early_stopping",
         "LearningRateFinder": "drivetrain.trainer.callbacks.lr_finder",
         "LearningRateMonitor": "drivetrain.trainer.callbacks.lr_monitor",
@@ -40,15 +50,21 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BatchSizeFinder",
     "Callback",
+    "EMAWeightAveraging",
     "EarlyStopping",
     "LearningRateFinder",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelPruning",
     "ModelSummary",
     "OnExceptionCheckpoint",
     "ProgressBar",
+    "StochasticWeightAveraging",
     "TQDMProgressBar",
     "ThroughputMonitor",
+    "WeightAveraging",
 ]
