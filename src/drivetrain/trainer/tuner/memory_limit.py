@@ -78,15 +78,16 @@ def measure_cpu_footprint(run: Callable[[], Any], resident: int) -> Footprint:
     trial did not allocate is not reported by torch, so it never lowers the sum below what it held.
     """
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd.profiler import profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+    # The autograd profiler itself (torch.profiler's wrapper adds schedules, and warnings about them).
+    with profile(use_cpu=True, use_kineto=True, profile_memory=True) as session:
         run()
-    session: Any = profiler.profiler  # the autograd profiler holding the raw (kineto) events
+    raw: Any = session.kineto_results
     host = (DeviceType.CPU, DeviceType.MKLDNN, DeviceType.IDEEP)
     events = [
         event
-        for event in session.kineto_results.events()
+        for event in raw.events()  # the raw events, without building the op table
         if event.name() == "[memory]" and event.device_type() in host
     ]
     events.sort(key=lambda event: event.start_ns())
