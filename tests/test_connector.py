@@ -101,11 +101,6 @@ def test_plugins_are_sorted_by_type() -> None:
         ({"plugins": [CPUAccelerator()]}, TypeError, r"pass it as accelerator= instead"),
         ({"accelerator": "cuda"}, ValueError, r"accelerator='cuda' was requested but is not available here"),
         (
-            {"accelerator": "cpu", "strategy": "ddp", "devices": 1},
-            ValueError,
-            r"strategy='ddp' distributes over several processes, but devices=1.*devices=2",
-        ),
-        (
             {"accelerator": "cpu", "strategy": "single_device", "devices": 2},
             ValueError,
             r"strategy='single_device' runs a single process, but the job has 2 processes",

@@ -439,9 +439,12 @@ def _check_strategy_fits(
             f"({num_devices} device(s) per node). Use strategy='ddp' (or 'auto'), or devices=1."
         )
     if isinstance(strategy, DDPStrategy) and world_size == 1 and not environment.creates_processes_externally:
-        raise ValueError(
-            f"strategy={name} distributes over several processes, but devices={num_devices} and one node give "
-            f"only one. Use devices=N with N > 1 (e.g. devices=2), or strategy='auto' for a single device."
+        # As in Lightning: a process group of one (the same program then runs on N devices unchanged).
+        from drivetrain._utilities.log import get_logger
+
+        get_logger(__name__).info(
+            f"strategy={name} with one device runs a process group of one process; strategy='auto' would "
+            f"skip the group and the DDP wrapper."
         )
     start_method = getattr(strategy, "start_method", "popen")
     if environment.creates_processes_externally and start_method != "popen":

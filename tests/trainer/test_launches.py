@@ -58,3 +58,21 @@ def test_the_demo_example_trains_to_a_good_accuracy(tmp_path: Path) -> None:
     assert "trained on 2 process(es) with DDPStrategy" in result.stdout
     assert "Epoch 2: 100%" in result.stderr
     assert result.stderr.count("Epoch 0:   0%") == 1  # one bar: rank 0 draws, rank 1 does not
+
+
+@pytest.mark.parametrize("case", ["ddp1", "custom_ddp1"])
+def test_ddp_strategies_run_a_one_process_group_on_one_device(tmp_path: Path, case: str) -> None:
+    result = run_script([SCRIPT, case, str(tmp_path)], timeout=150)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    lines = [line for line in result.stdout.splitlines() if line]
+    # 48 samples in batches of 4, two epochs: the same 24 steps and weights as without a process group.
+    if case == "ddp1":
+        assert lines == ["world=1 steps=24 same_as_single=True wrapper=DistributedDataParallel"]
+        assert "strategy='ddp' with one device runs a process group of one process" in result.stderr
+    else:
+        assert lines == [
+            "world=1 steps=24 same_as_single=True wrapper=CustomDistributedDataParallel",
+            "custom-io saved final.ckpt",
+            "setup_calls=1 backward_calls=24",
+        ]
+    assert (tmp_path / "final.ckpt").exists() == (case == "custom_ddp1")

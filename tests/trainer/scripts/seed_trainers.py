@@ -6,6 +6,8 @@
                                            # user's accelerator (a CPU stand-in for the seed's XPU)
     python seed_trainers.py spawn       # Trainer(strategy="ddp_spawn", ...): the parent gets the trained model
     python seed_trainers.py fork        # the same with ddp_fork
+    python seed_trainers.py ddp1        # Trainer(strategy="ddp", devices=1): a process group of one process
+    python seed_trainers.py custom_ddp1 # the seed's CustomDDPStrategy(...) with plugins, on one CPU device
 
 Each process writes one line per result with a single os.write, so ranks never interleave.
 """
@@ -24,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import drivetrain as dt
 from drivetrain.accelerators import Accelerator
-from drivetrain.plugins import TorchCheckpointIO
+from drivetrain.plugins import Precision, TorchCheckpointIO
 from drivetrain.strategies import DDPStrategy, StrategyRegistry
 from drivetrain.trainer import ModelCheckpoint
 
@@ -164,8 +166,68 @@ def main(case: str, root: str) -> None:
         if case == "fork":  # a second entry point starts new ranks again (spawn would re-import: slow)
             tested = trainer.test(model, loader(data(20, seed=2)), verbose=False)
             say(f"parent tested={tested}")
+    elif case in ("ddp1", "custom_ddp1"):
+        reference = Model()
+        dt.Trainer(accelerator="cpu", devices=1, max_epochs=2, enable_checkpointing=False, **QUIET).fit(
+            reference, loader(data())
+        )
+        if case == "ddp1":  # Lightning runs strategy="ddp" with one device as a one-process group
+            trainer = dt.Trainer(
+                strategy="ddp",
+                accelerator="cpu",
+                devices=1,
+                max_epochs=2,
+                enable_checkpointing=False,
+                **QUIET,
+            )
+        else:  # the seed's CustomDDPStrategy, with plugins of its own, on a one-device CPU machine
+            precision = CountingPrecision()
+            strategy = CustomDDPStrategy(checkpoint_io=CustomCheckpointIO(), precision_plugin=precision)
+            trainer = dt.Trainer(
+                strategy=strategy, accelerator="cpu", max_epochs=2, enable_checkpointing=False, **QUIET
+            )
+        trainer.fit(model, loader(data()))
+        same = torch.allclose(model.layer.weight, reference.layer.weight, rtol=1e-5, atol=1e-6)
+        wrapper = type(trainer.model).__name__
+        say(f"world={trainer.world_size} steps={trainer.global_step} same_as_single={same} wrapper={wrapper}")
+        if case == "custom_ddp1":
+            trainer.save_checkpoint(Path(root) / "final.ckpt")  # through the strategy's own CheckpointIO
+            say(f"setup_calls={trainer.strategy.setup_calls} backward_calls={precision.backward_calls}")
     else:
         raise SystemExit(f"unknown case {case!r}")
+
+
+class CustomDistributedDataParallel(nn.parallel.DistributedDataParallel):
+    """The seed's MyCustomDistributedDataParallel."""
+
+
+class CustomDDPStrategy(DDPStrategy):
+    """The seed's CustomDDPStrategy: its own DDP wrapper, and a setup that reaches its plugins."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.setup_calls = 0
+
+    def configure_ddp(self) -> None:
+        self.model = CustomDistributedDataParallel(self.model, device_ids=None)
+
+    def setup(self, trainer: Any = None) -> None:
+        self.setup_calls += 1
+        assert isinstance(self.precision_plugin, CountingPrecision)
+        assert isinstance(self.checkpoint_io, CustomCheckpointIO)
+        super().setup(trainer)
+
+
+class CountingPrecision(Precision):
+    """A user's precision plugin (full precision) that counts the backward passes it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backward_calls = 0
+
+    def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:
+        self.backward_calls += 1
+        return super().pre_backward(tensor, module)
 
 
 if __name__ == "__main__":

@@ -59,11 +59,12 @@ class SubprocessScriptLauncher(Launcher):
         self._lock = threading.Lock()
         self._ended: list[tuple[int, int]] = []  # (rank, exit code) of children, in the order they ended
         self._namespace = ""
+        self._started = False  # once per launcher: a one-process job has no children to tell it started
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a pickled Accelerator) watches no processes: the children, the store and the lock stay here.
         state = self.__dict__.copy()
-        state.update(_children=[], _store=None, _lock=None, _ended=[])
+        state.update(_children=[], _store=None, _lock=None, _ended=[], _started=False)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -81,7 +82,7 @@ class SubprocessScriptLauncher(Launcher):
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         environment = self._strategy.cluster_environment
-        if not environment.creates_processes_externally and not self._children:
+        if not environment.creates_processes_externally and not self._started:
             self._start_children()
         try:
             return function(*args, **kwargs)
@@ -136,6 +137,7 @@ class SubprocessScriptLauncher(Launcher):
 
     # -- starting ----------------------------------------------------------------------------
     def _start_children(self) -> None:
+        self._started = True
         strategy = self._strategy
         environment = strategy.cluster_environment
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
