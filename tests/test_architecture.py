@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"logging"},  # drivetrain.logging: the public face of _utilities/log.py
     {"accelerators", "plugins"},
     {"strategies"},
-    {"data", "loggers", "big_modeling"},
+    {"data", "loggers", "big_modeling", "profilers"},
     {"connector"},
     {"utils"},  # Accelerate's public helpers: below the façade, which uses them
     {"facade", "trainer"},  # the two front doors

@@ -29,6 +29,7 @@ TRAIN, VAL, TEST, PREDICT = (
     regression_data(24, seed=3),
     regression_data(24, seed=4),
 )
+UNEVEN, ONE_BATCH = regression_data(20, seed=5), regression_data(4, seed=6)
 
 
 class StageModel(Regression):
@@ -49,6 +50,11 @@ def _expected(state: dict[str, torch.Tensor]) -> dict[str, Any]:
             "val_loss": nn.functional.mse_loss(reference(VAL.tensors[0]), VAL.tensors[1]).item(),
             "test_loss": nn.functional.mse_loss(reference(TEST.tensors[0]), TEST.tensors[1]).item(),
             "predictions": reference(PREDICT.tensors[0]),
+            "uneven_loss": nn.functional.mse_loss(reference(UNEVEN.tensors[0]), UNEVEN.tensors[1]).item(),
+            "uneven_predictions": reference(UNEVEN.tensors[0]),
+            "one_batch_loss": nn.functional.mse_loss(
+                reference(ONE_BATCH.tensors[0]), ONE_BATCH.tensors[1]
+            ).item(),
         }
 
 
@@ -86,12 +92,17 @@ def run_stages(name: str, devices: int, root: str) -> dict[str, Any]:
         from_checkpoint = trainer.validate(model, val, ckpt_path=checkpoint, verbose=False)[0]
     trainer.fit(model, loader(TRAIN, batch_size=4), val)
     after_refit = _full_state(trainer, model)
-    if devices > 1 and trainer.strategy.forward_is_collective:
-        # 5 batches on 2 processes: one would wait forever in a forward the other never runs. Last: the
-        # failure ends this job's use of the strategy.
-        with pytest.raises(RuntimeError, match="do not divide evenly between the 2 processes"):
-            trainer.predict(model, loader(regression_data(20), batch_size=4))
+    refit_val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+    # Shares that differ between processes: 5 batches (rank 0 gets one more than rank 1), and 1 batch (rank 1
+    # gets none). Where the forward is a collective (FSDP, ZeRO-3) the process with fewer runs discarded forwards.
+    uneven = loader(UNEVEN, batch_size=4)
+    uneven_val = trainer.validate(model, uneven, verbose=False)[0]
+    uneven_predictions = trainer.predict(model, uneven)
+    one_batch_val = trainer.validate(model, loader(ONE_BATCH, batch_size=4), verbose=False)[0]
     return {
+        "uneven_val": uneven_val,
+        "uneven_predictions": torch.cat([p.detach().cpu() for p in uneven_predictions]),
+        "one_batch_val": one_batch_val,
         "initial": initial,
         "after_fit": after_fit,
         "steps": steps,
@@ -100,7 +111,7 @@ def run_stages(name: str, devices: int, root: str) -> dict[str, Any]:
         "tested": tested,
         "predictions": torch.cat([p.detach().cpu() for p in predictions]),
         "from_checkpoint": from_checkpoint,
-        "refit_val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")},
+        "refit_val": refit_val,
         "refit_steps": trainer.global_step,
         "after_refit": after_refit,
     }
@@ -139,6 +150,17 @@ def check_stages(results: list[dict[str, Any]], world_size: int) -> None:
         assert result["from_checkpoint"]["val_loss"] == pytest.approx(expected["val_loss"], abs=1e-5), where
         torch.testing.assert_close(result["predictions"], expected["predictions"], atol=1e-5, rtol=0)
         assert result["refit_val"]["val_loss"] == pytest.approx(refit["val_loss"], abs=1e-5), where
+        assert result["uneven_val"] == {
+            "val_loss": pytest.approx(refit["uneven_loss"], abs=1e-5),
+            "val_count": len(UNEVEN),
+        }, where
+        torch.testing.assert_close(
+            result["uneven_predictions"], refit["uneven_predictions"], atol=1e-5, rtol=0
+        )
+        assert result["one_batch_val"] == {
+            "val_loss": pytest.approx(refit["one_batch_loss"], abs=1e-5),
+            "val_count": len(ONE_BATCH),
+        }, where
 
 
 def _quiet() -> None:

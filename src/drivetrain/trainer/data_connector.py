@@ -20,9 +20,10 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from drivetrain.data import PassThroughBatches, PreparedDataLoader, can_prepare, prepare_data_loader
+from drivetrain.data.loader import loader_settings
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.state import RunningStage, TrainerFn
@@ -56,6 +57,7 @@ class DataConnector:
         self.num_training_batches: float = 0.0
         self.validation_enabled = False
         self._eval: dict[RunningStage, tuple[list[Any], list[float]]] = {}
+        self._loaded_in: dict[RunningStage, int] = {}  # the epoch each fit loader was last loaded in
 
     def attach(self, datamodule: DataModule | None, **loaders: Any) -> None:
         """Remember what the entry point was given (called in the launching process)."""
@@ -69,6 +71,24 @@ class DataConnector:
             )
         self.datamodule = datamodule
         self._given = given
+
+    def prepare_data(self, stage: str) -> None:
+        """``prepare_data`` of the DataModule and the module once per node, then the DataModule's ``setup``."""
+        from drivetrain.trainer.module import TrainingModule
+
+        trainer, datamodule = self.trainer, self.datamodule
+        module = trainer._module
+        module_prepares = overrides(module, TrainingModule, "prepare_data")
+        if datamodule is None and not module_prepares:
+            return
+        if trainer.strategy.local_rank == 0:
+            if datamodule is not None:
+                datamodule.prepare_data()
+            if module_prepares:
+                module.prepare_data()
+        trainer.strategy.barrier("prepare_data")
+        if datamodule is not None:
+            datamodule.setup(stage)
 
     # -- resolving -----------------------------------------------------------------------------
     def _source(self, prefix: str) -> Any:
@@ -85,24 +105,9 @@ class DataConnector:
     def setup(self, fn: TrainerFn) -> None:
         """Resolve, shard and measure the loaders ``fn`` needs (called in every process)."""
         self._eval = {}
-        trainer = self.trainer
         if fn == TrainerFn.FITTING:
-            loader = self._source("train")
-            if loader is None:
-                raise ValueError(
-                    "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
-                    "or define train_dataloader() on the module."
-                )
-            if is_loader_list(loader):
-                raise TypeError(
-                    f"fit() got {len(loader)} training loaders; it trains on one. Combine the datasets "
-                    f"(torch.utils.data.ConcatDataset) into one loader."
-                )
-            self.train_loader = self._prepare(loader, RunningStage.TRAINING)
-            limit = trainer._settings.limit_train_batches
-            self.num_training_batches = limited_length(self.train_loader, limit, "limit_train_batches")
-            if self.num_training_batches == 0:
-                raise ValueError(_no_training_batches(self.train_loader, limit))
+            self._loaded_in = {RunningStage.TRAINING: 0, RunningStage.VALIDATING: 0}
+            self._setup_training()
             self.validation_enabled = self._prepare_eval(RunningStage.VALIDATING, required=False)
         else:
             stage = {
@@ -111,6 +116,37 @@ class DataConnector:
                 TrainerFn.PREDICTING: RunningStage.PREDICTING,
             }[fn]
             self._prepare_eval(stage, required=True)
+
+    def _setup_training(self) -> None:
+        loader = self._source("train")
+        if loader is None:
+            raise ValueError(
+                "fit() has no training data: pass train_dataloaders=..., a datamodule with train_dataloader(), "
+                "or define train_dataloader() on the module."
+            )
+        if is_loader_list(loader):
+            raise TypeError(
+                f"fit() got {len(loader)} training loaders; it trains on one. Combine the datasets "
+                f"(torch.utils.data.ConcatDataset) into one loader."
+            )
+        self.train_loader = self._prepare(loader, RunningStage.TRAINING)
+        limit = self.trainer._settings.limit_train_batches
+        self.num_training_batches = limited_length(self.train_loader, limit, "limit_train_batches")
+        if self.num_training_batches == 0:
+            raise ValueError(_no_training_batches(self.train_loader, limit))
+
+    def reload_if_due(self, stage: RunningStage, epoch: int) -> bool:
+        """Call the ``train_dataloader``/``val_dataloader`` hook again when ``reload_dataloaders_every_n_epochs``
+        epochs have passed since it was last called; whether it was."""
+        every = self.trainer._features.reload_dataloaders_every_n_epochs
+        if not every or epoch - self._loaded_in[stage] < every:
+            return False
+        self._loaded_in[stage] = epoch
+        if stage == RunningStage.TRAINING:
+            self._setup_training()
+        else:
+            self.validation_enabled = self._prepare_eval(RunningStage.VALIDATING, required=False)
+        return True
 
     def _prepare_eval(self, stage: RunningStage, required: bool) -> bool:
         trainer = self.trainer
@@ -152,6 +188,8 @@ class DataConnector:
         trainer = self.trainer
         strategy = trainer.strategy
         mover = batch_transfer(trainer._module, strategy, dataloader_idx)
+        if trainer._features.overfit_batches and trainer.state.fn == TrainerFn.FITTING:
+            loader = in_order(loader, stage)
         if can_prepare(loader):
             prepared: Any = prepare_data_loader(
                 loader,
@@ -285,3 +323,24 @@ def check_limit(name: str, value: Any) -> int | float:
     if isinstance(value, int) and value < 0:
         raise ValueError(f"{name}={value} is negative; use 0 (skip this stage) or more batches.")
     return value
+
+
+def in_order(loader: Any, stage: RunningStage) -> Any:
+    """``loader`` without shuffling, for ``overfit_batches`` (the same batches every epoch), with Lightning's warning."""
+    if not isinstance(loader, DataLoader) or type(loader.sampler) is not RandomSampler:
+        return loader
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        return loader  # a custom batch sampler decides the order itself
+    warnings.warn(
+        f"Trainer(overfit_batches=...) repeats the same {stage.dataloader_prefix} batches every epoch, but the "
+        f"{stage.dataloader_prefix} dataloader shuffles; it is read in order instead (shuffle=False).",
+        UserWarning,
+        stacklevel=2,
+    )
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        shuffle=False,
+        drop_last=loader.drop_last,
+        **loader_settings(loader),
+    )

@@ -15,6 +15,7 @@ def configure_callbacks(
     enable_checkpointing: bool,
     enable_model_summary: bool,
     fast_dev_run: bool = False,
+    barebones: bool = False,
 ) -> list[Callback]:
     """Check the user's callbacks, add the default ones, and put checkpointing last.
 
@@ -42,7 +43,15 @@ def configure_callbacks(
                 f"Subclass drivetrain.trainer.callbacks.Callback."
             )
     result = list(given)
-    _default("progress bar", ProgressBar, TQDMProgressBar, result, enable_progress_bar, "enable_progress_bar")
+    _default(
+        "progress bar",
+        ProgressBar,
+        TQDMProgressBar,
+        result,
+        enable_progress_bar,
+        "enable_progress_bar",
+        barebones=barebones,
+    )
     _default(
         "checkpoint callback",
         ModelCheckpoint,
@@ -51,9 +60,16 @@ def configure_callbacks(
         enable_checkpointing,
         "enable_checkpointing",
         add=not fast_dev_run,  # a smoke test writes no checkpoints
+        barebones=barebones,
     )
     _default(
-        "model summary", ModelSummary, ModelSummary, result, enable_model_summary, "enable_model_summary"
+        "model summary",
+        ModelSummary,
+        ModelSummary,
+        result,
+        enable_model_summary,
+        "enable_model_summary",
+        barebones=barebones,
     )
     checkpoints = [cb for cb in result if isinstance(cb, ModelCheckpoint)]
     keys = [cb.state_key for cb in result]
@@ -74,9 +90,15 @@ def _default(
     enabled: bool,
     flag: str,
     add: bool = True,
+    barebones: bool = False,
 ) -> None:
     present = any(isinstance(cb, base) for cb in callbacks)
     if present and not enabled:
+        if barebones:
+            raise ValueError(
+                f"Trainer(barebones=True) runs without a {what}, but callbacks= contains one ({base.__name__}). "
+                f"Remove it, or drop barebones=True."
+            )
         raise ValueError(
             f"{flag}=False but callbacks= contains a {what} ({base.__name__}). Remove it, or set {flag}=True."
         )
@@ -121,3 +143,13 @@ def attach_module_callbacks(callbacks: list[Callback], added: Any, owner: str) -
     return [cb for cb in result if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in result if isinstance(cb, ModelCheckpoint)
     ]
+
+
+def module_callbacks(callbacks: list[Callback], module: Any) -> list[Callback]:
+    """``callbacks`` with what ``module.configure_callbacks()`` returns, when the module overrides it."""
+    from drivetrain.trainer.hooks import overrides
+    from drivetrain.trainer.module import TrainingModule
+
+    if not overrides(module, TrainingModule, "configure_callbacks"):
+        return callbacks
+    return attach_module_callbacks(callbacks, module.configure_callbacks(), type(module).__name__)

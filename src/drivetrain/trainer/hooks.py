@@ -82,16 +82,23 @@ class HookRunner:
         callbacks: Sequence[Any],
         module_base: type,
         callback_base: type,
+        profiler: Any = None,
     ) -> None:
         self._trainer = trainer
         self._module = module
         for name, (in_callbacks, in_module) in HOOKS.items():
             callback_fns = (
-                [getattr(c, name) for c in callbacks if overrides(c, callback_base, name)]
+                [
+                    _timed(profiler, f"[Callback]{c.state_key}.{name}", getattr(c, name))
+                    for c in callbacks
+                    if overrides(c, callback_base, name)
+                ]
                 if in_callbacks
                 else []
             )
             module_fn = getattr(module, name) if in_module and overrides(module, module_base, name) else None
+            if module_fn is not None:
+                module_fn = _timed(profiler, f"[TrainingModule]{type(module).__name__}.{name}", module_fn)
             setattr(self, name, self._combine(name, callback_fns, module_fn))
 
     def call(self, name: str, *args: Any) -> Any:
@@ -137,3 +144,11 @@ class HookRunner:
             return module_fn(*args)
 
         return run_callbacks_first
+
+
+def _timed(profiler: Any, action: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    if profiler is None:
+        return function
+    from drivetrain.trainer.profiling import timed
+
+    return timed(profiler, action, function)

@@ -35,6 +35,8 @@ def setup_model(
         # Weights about to be overwritten by a checkpoint need no initialisation.
         with strategy.module_init_context(empty_init=True if restoring else None):
             module.configure_model()
+    if trainer._features.sync_batchnorm:
+        _sync_batchnorm(trainer, module)
     if with_optimizers:
         if not overrides(module, TrainingModule, "configure_optimizers"):
             raise ValueError(
@@ -65,3 +67,17 @@ def setup_model(
                 if config.scheduler.optimizer is before:
                     config.scheduler.optimizer = after
     return model, set_up, schedulers
+
+
+def _sync_batchnorm(trainer: Trainer, module: nn.Module) -> None:
+    """``Trainer(sync_batchnorm=True)``: batch norms share their statistics across the processes."""
+    from drivetrain._utilities.log import get_logger
+    from drivetrain.strategies.sync_batchnorm import convert_sync_batchnorm
+
+    strategy = trainer.strategy
+    if strategy.world_size == 1:
+        get_logger(__name__).info(
+            "Trainer(sync_batchnorm=True) has no other process to synchronise with; the batch norms stay as they are."
+        )
+        return
+    convert_sync_batchnorm(module, strategy.root_device.type)

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from drivetrain.loggers.logger import Logger
+    from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
+    from drivetrain.trainer.arguments import RunFeatures
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.config import LoopSettings
     from drivetrain.trainer.data_connector import DataConnector
@@ -30,6 +32,7 @@ class TrainerProperties:
 
     _strategy: Strategy
     _settings: LoopSettings
+    _features: RunFeatures
     _progress: FitProgress
     _fit_progress: FitProgressView
     _ckpt_path: str | None
@@ -147,6 +150,32 @@ class TrainerProperties:
     @property
     def fast_dev_run(self) -> int:
         return self._settings.fast_dev_run
+
+    @property
+    def overfit_batches(self) -> int | float:
+        """Training and validation batches (or fraction) each epoch repeats; 0 when not overfitting."""
+        return self._features.overfit_batches
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int:
+        return self._features.reload_dataloaders_every_n_epochs
+
+    @property
+    def barebones(self) -> bool:
+        """Whether the Trainer runs without logging, callbacks it adds, checkpoints, bar, summary and sanity check."""
+        return self._features.barebones
+
+    @property
+    def profiler(self) -> Profiler:
+        """The run's profiler (a ``PassThroughProfiler`` that records nothing unless ``profiler=`` was given).
+
+        Time your own code with ``with self.trainer.profiler.profile("my_action"):``.
+        """
+        if self._features.profiler is not None:
+            return self._features.profiler
+        from drivetrain.profilers import PassThroughProfiler
+
+        return PassThroughProfiler()
 
     @property
     def fit_progress(self) -> FitProgressView:

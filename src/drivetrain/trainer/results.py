@@ -510,3 +510,28 @@ def _bad_value(name: str, value: Any) -> str:
         f"self.log({name!r}, value) got {type(value).__name__} ({value!r}); log a number or a one-element "
         f"tensor. Use self.log_dict for several values."
     )
+
+
+class DiscardedResults(ResultCollection):
+    """What ``self.log`` writes to under ``Trainer(barebones=True)``: nothing is recorded (Lightning warns
+    and drops the value too), so logging costs no reduction, no sync and no logger call."""
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        import warnings
+
+        warnings.warn(
+            f"self.log({name!r}, ...) does nothing under Trainer(barebones=True), which turns logging off. Drop "
+            f"barebones=True to record logged values.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def new_results(trainer: Any, training: bool) -> ResultCollection:
+    """The collection a stage's logged values go to, reduced across the run's processes."""
+    strategy = trainer.strategy
+    collectives = (
+        (strategy.all_reduce, strategy.all_gather_object) if strategy.world_size > 1 else (None, None)
+    )
+    kind = DiscardedResults if trainer._features.barebones else ResultCollection
+    return kind(training, *collectives)

@@ -1,12 +1,18 @@
-"""Process-wide torch settings a run asks for, set for the run and put back afterwards."""
+"""What a run puts in place for its duration and takes away afterwards: torch's process-wide flags, the
+profiler, and the compiled forward of a module given to ``fit`` through ``torch.compile``."""
 
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.trainer import Trainer
 
 _CUBLAS_VARIABLE = "CUBLAS_WORKSPACE_CONFIG"
 
@@ -41,3 +47,35 @@ def torch_flags(
         torch.backends.cudnn.benchmark = previous_benchmark
         if previous_cublas is None:
             os.environ.pop(_CUBLAS_VARIABLE, None)
+
+
+@contextmanager
+def profiling(trainer: Trainer, stage: str) -> Iterator[None]:
+    """The run's profiler set up for ``stage`` in this process; its report when the stage ends."""
+    profiler = trainer._features.profiler
+    if profiler is None:
+        yield
+        return
+    strategy = trainer.strategy
+    profiler.setup(stage, strategy.global_rank, strategy.world_size, trainer.log_dir)
+    try:
+        yield
+    finally:
+        try:
+            profiler.describe()
+        finally:
+            profiler.teardown(stage)
+
+
+@contextmanager
+def compiled_forward(module: torch.nn.Module, compiler: Any) -> Iterator[None]:
+    """``module.forward`` compiled by ``compiler`` (from the ``torch.compile`` module given to an entry
+    point) for the run: ``self(x)`` in the steps runs the compiled code, as in Lightning 2.x."""
+    if compiler is None:
+        yield
+        return
+    module.__dict__["forward"] = compiler(types.MethodType(type(module).forward, module))
+    try:
+        yield
+    finally:
+        module.__dict__.pop("forward", None)

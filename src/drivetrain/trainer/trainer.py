@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from drivetrain._utilities import paths
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from drivetrain.connector import PluginInput
     from drivetrain.loggers.logger import Logger
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.results import ResultCollection
@@ -67,19 +67,19 @@ class Trainer(TrainerProperties):
         val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
         check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
             batches across epochs).
-        num_sanity_val_steps: validation batches run before training, to catch bugs early (-1: all).
+        num_sanity_val_steps: validation batches run before training, to catch bugs early (default 2; -1: all).
         accumulate_grad_batches: step the optimizer every this many batches (default:
             ``drivetrain launch --gradient_accumulation_steps``, else 1).
         gradient_clip_val: clip gradients to this total norm (or value); ``None`` for no clipping.
         gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
         callbacks: a :class:`Callback` or a list of them.
-        logger: ``True`` (the default logger: TensorBoard when installed, else CSV, under
+        logger: ``True``/``None`` (the default logger: TensorBoard when installed, else CSV, under
             ``default_root_dir/drivetrain_logs``), ``False``, a logger name (``"csv"``, ``"tensorboard"``,
             ``"wandb"``, ``"mlflow"``, ``"all"`` or a registered one), a Logger, or a list of names and loggers.
-        log_every_n_steps: send step metrics to the loggers every this many batches.
-        enable_progress_bar: show a progress bar (tqdm) on global rank 0.
-        enable_checkpointing: add a ``ModelCheckpoint`` (last epoch) unless one is given.
-        enable_model_summary: print the module's layers and parameter counts at fit start.
+        log_every_n_steps: send step metrics to the loggers every this many batches (default 50).
+        enable_progress_bar: show a progress bar (tqdm) on global rank 0 (default ``True``).
+        enable_checkpointing: add a ``ModelCheckpoint`` (last epoch) unless one is given (default ``True``).
+        enable_model_summary: print the module's layers and parameter counts at fit start (default ``True``).
         default_root_dir: where logs and checkpoints go by default (the working directory).
         deterministic: ``torch.use_deterministic_algorithms`` for the run (``"warn"``: warn only).
         benchmark: ``torch.backends.cudnn.benchmark`` for the run.
@@ -91,6 +91,16 @@ class Trainer(TrainerProperties):
             whose backward produced NaN; slow, for debugging).
         inference_mode: run ``validate``/``test``/``predict`` under ``torch.inference_mode`` where the strategy
             allows it (not FSDP), else ``torch.no_grad``. Validation inside ``fit`` always uses ``no_grad``.
+        overfit_batches: train on the same first n batches (an int) or fraction of the training data in
+            every epoch, in order (shuffling is turned off), and validate on as many validation batches.
+        profiler: ``"simple"``, ``"advanced"``, ``"pytorch"`` or a :class:`~drivetrain.profilers.Profiler`: time
+            hooks, steps and data fetches; the report is logged (or written) when each entry point ends.
+        sync_batchnorm: turn BatchNorm layers into synchronised ones, whose batch statistics span every
+            process, when several processes train (DDP, FSDP).
+        reload_dataloaders_every_n_epochs: call the ``train_dataloader``/``val_dataloader`` hooks again
+            every n epochs (0: once per fit).
+        barebones: turn off everything that costs time beyond the loop itself (checkpointing, logging and
+            ``self.log``, progress bar, model summary, sanity check); asking for one of them too is an error.
 
     Example:
         >>> trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3)  # doctest: +SKIP
@@ -117,16 +127,16 @@ class Trainer(TrainerProperties):
         limit_predict_batches: int | float = 1.0,
         val_check_interval: int | float = 1.0,
         check_val_every_n_epoch: int | None = 1,
-        num_sanity_val_steps: int = 2,
+        num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int | None = None,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         callbacks: Callback | list[Callback] | None = None,
-        logger: bool | str | Logger | Sequence[str | Logger] | None = True,
-        log_every_n_steps: int = 50,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
-        enable_model_summary: bool = True,
+        logger: bool | str | Logger | Sequence[str | Logger] | None = None,
+        log_every_n_steps: int | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_model_summary: bool | None = None,
         default_root_dir: str | Path | None = None,
         deterministic: bool | str | None = None,
         benchmark: bool | None = None,
@@ -134,14 +144,45 @@ class Trainer(TrainerProperties):
         use_distributed_sampler: bool = True,
         inference_mode: bool = True,
         detect_anomaly: bool = False,
+        overfit_batches: int | float = 0.0,
+        profiler: str | Profiler | None = None,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        barebones: bool = False,
     ) -> None:
         from drivetrain.connector import connect
+        from drivetrain.trainer.arguments import apply_barebones, check_run_flags, resolve_features
         from drivetrain.trainer.config import build_settings
         from drivetrain.trainer.data_connector import DataConnector
         from drivetrain.trainer.default_callbacks import configure_callbacks
         from drivetrain.trainer.logger_connector import MetricsHub, resolve_loggers
         from drivetrain.trainer.loops.optimization import Optimization
 
+        given = apply_barebones(
+            barebones,
+            {
+                "logger": logger,
+                "enable_checkpointing": enable_checkpointing,
+                "enable_progress_bar": enable_progress_bar,
+                "enable_model_summary": enable_model_summary,
+                "log_every_n_steps": log_every_n_steps,
+                "num_sanity_val_steps": num_sanity_val_steps,
+                "fast_dev_run": fast_dev_run,
+                "detect_anomaly": detect_anomaly,
+                "profiler": profiler,
+            },
+        )
+        self._features = resolve_features(
+            barebones=barebones,
+            overfit_batches=overfit_batches,
+            sync_batchnorm=sync_batchnorm,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+            profiler=profiler,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+        )
+        if self._features.overfit_batches:
+            limit_train_batches = limit_val_batches = self._features.overfit_batches
         self._strategy = connect(
             accelerator=accelerator,
             strategy=strategy,
@@ -162,24 +203,15 @@ class Trainer(TrainerProperties):
             limit_predict_batches=limit_predict_batches,
             val_check_interval=val_check_interval,
             check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps,
+            num_sanity_val_steps=given["num_sanity_val_steps"],
             accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm,
-            log_every_n_steps=log_every_n_steps,
+            log_every_n_steps=given["log_every_n_steps"],
             fast_dev_run=fast_dev_run,
             inference_mode=inference_mode,
         )
-        if deterministic not in (None, True, False, "warn"):
-            raise ValueError(f"deterministic={deterministic!r}; use True, False, 'warn' or None.")
-        if benchmark not in (None, True, False):
-            raise ValueError(f"benchmark={benchmark!r}; use True, False or None.")
-        if not isinstance(use_distributed_sampler, bool):
-            raise TypeError(
-                f"use_distributed_sampler expects True or False, got {use_distributed_sampler!r}."
-            )
-        if not isinstance(detect_anomaly, bool):
-            raise TypeError(f"detect_anomaly expects True or False, got {detect_anomaly!r}.")
+        check_run_flags(deterministic, benchmark, use_distributed_sampler, detect_anomaly)
         self._detect_anomaly = detect_anomaly
         self._deterministic = deterministic
         self._benchmark = benchmark
@@ -189,14 +221,17 @@ class Trainer(TrainerProperties):
         )
         paths.check(self._default_root_dir)  # s3://... without s3fs, or an unknown scheme: reported here
         fast = self._settings.fast_dev_run > 0
-        loggers = resolve_loggers(logger, self._default_root_dir)  # checked even when fast_dev_run drops them
+        loggers = resolve_loggers(
+            given["logger"], self._default_root_dir
+        )  # checked even when fast_dev_run drops them
         self._metrics = MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self))
         self._callbacks = configure_callbacks(
             callbacks,
-            enable_progress_bar=enable_progress_bar,
-            enable_checkpointing=enable_checkpointing,
-            enable_model_summary=enable_model_summary,
+            enable_progress_bar=given["enable_progress_bar"],
+            enable_checkpointing=given["enable_checkpointing"],
+            enable_model_summary=given["enable_model_summary"],
             fast_dev_run=fast,
+            barebones=barebones,
         )
         self.state = TrainerState()
         self.should_stop = False
@@ -205,6 +240,9 @@ class Trainer(TrainerProperties):
         self._data = DataConnector(self)
         # The module and what the strategy made of it, for the entry point running (set by _begin/_run_stage).
         self._module: TrainingModule = None  # type: ignore[assignment]
+        self._compiler: Any = (
+            None  # torch.compile's, when fit() got a compiled module: its forward runs compiled
+        )
         self._model: nn.Module = None  # type: ignore[assignment]
         self._optimizers: list[Any] = []
         self._scheduler_configs: list[Any] = []
@@ -341,35 +379,15 @@ class Trainer(TrainerProperties):
         weights_only: bool | None,
         **loaders: Any,
     ) -> None:
-        if model is None:
-            if self._module is None:
-                raise ValueError(f"Trainer.{fn.value}() needs a model: pass it as the first argument.")
-            model = self._module
-        if not isinstance(model, TrainingModule):
-            raise TypeError(
-                f"Trainer.{fn.value}() expects a drivetrain.TrainingModule, got {type(model).__name__}. Subclass "
-                f"TrainingModule and define training_step/configure_optimizers (and the steps you need)."
-            )
-        self._module = model
+        from drivetrain.trainer.entry_points import check_ckpt_request, check_model
+
+        self._module, self._compiler = check_model(self, fn, model)
         self._data.attach(datamodule, **loaders)
         if ckpt_path is None:
             ckpt_path = self._ckpt_path_set
         else:
             self._ckpt_path_set = None  # an explicit argument replaces what was set
-        if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc"):
-            from drivetrain.trainer import checkpointing
-
-            ckpt_path = os.fspath(ckpt_path)
-            if checkpointing.published(ckpt_path) is None:
-                shown = ckpt_path if paths.is_remote(ckpt_path) else Path(ckpt_path).resolve()
-                raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').")
-        if ckpt_path == "best" and fn == TrainerFn.FITTING:
-            raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
-        if weights_only is not None and not isinstance(weights_only, bool):
-            raise TypeError(
-                f"Trainer.{fn.value}(weights_only={weights_only!r}): use True, False or None (safe)."
-            )
-        self._ckpt_request = ckpt_path
+        self._ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
         self._ckpt_weights_only = weights_only is not False
         self.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
         if fn == TrainerFn.FITTING:
@@ -400,10 +418,12 @@ class Trainer(TrainerProperties):
         """Everything one process does for the current entry point; returns what the caller gets."""
         from drivetrain.strategies.preemption import Preempted
         from drivetrain.trainer import checkpointing
+        from drivetrain.trainer.default_callbacks import module_callbacks
+        from drivetrain.trainer.entry_points import run_entry_point
         from drivetrain.trainer.model_setup import setup_model
         from drivetrain.trainer.process_results import stage_output
-        from drivetrain.trainer.results import ResultCollection
-        from drivetrain.trainer.run_context import torch_flags
+        from drivetrain.trainer.results import new_results
+        from drivetrain.trainer.run_context import compiled_forward, profiling, torch_flags
 
         self._ran_here = True
         strategy = self.strategy
@@ -418,7 +438,7 @@ class Trainer(TrainerProperties):
         datamodule = self._data.datamodule
         if datamodule is not None:
             datamodule.trainer = self
-        self._attach_module_callbacks(module)
+        self._callbacks = module_callbacks(self._callbacks, module)
         self._hooks = self._hook_runner(rebuild=True)
         self._restored = False
         self._pending_process = None
@@ -426,19 +446,21 @@ class Trainer(TrainerProperties):
         fitting = fn == TrainerFn.FITTING
         status = "success"
         try:
-            with torch_flags(self._deterministic, self._benchmark, strategy.root_device):
-                self._prepare_data(datamodule, stage)
+            with (
+                torch_flags(self._deterministic, self._benchmark, strategy.root_device),
+                profiling(self, stage),
+                compiled_forward(module, self._compiler),
+            ):
+                self._data.prepare_data(stage)
                 self._hooks.call("setup", stage)
                 self._ckpt_path = checkpointing.resolve_ckpt_path(self, fn, self._ckpt_request)
                 self._model, self._optimizers, self._scheduler_configs = setup_model(
                     self, with_optimizers=fitting, restoring=self._ckpt_path is not None
                 )
-                self._train_results = (
-                    ResultCollection(True, *_collectives(strategy)) if fitting else self._train_results
-                )
+                self._train_results = new_results(self, True) if fitting else self._train_results
                 self._metrics.train = self._train_results if fitting else self._metrics.train
                 self._data.setup(fn)
-                results = self._run_entry_point(fn)
+                results = run_entry_point(self, fn)
             return stage_output(self, fn, results)
         except BaseException as error:
             strategy.on_exception(error)  # first: the hooks below must not wait for peers in a collective
@@ -464,7 +486,9 @@ class Trainer(TrainerProperties):
             from drivetrain.trainer.callbacks.callback import Callback
             from drivetrain.trainer.hooks import HookRunner
 
-            self._hooks = HookRunner(self, self._module, self._callbacks, TrainingModule, Callback)
+            self._hooks = HookRunner(
+                self, self._module, self._callbacks, TrainingModule, Callback, self._features.profiler
+            )
         return self._hooks
 
     def _teardown_strategy(self) -> None:
@@ -480,57 +504,6 @@ class Trainer(TrainerProperties):
         strategy.precision.teardown()
         strategy.checkpoint_io.teardown()
 
-    def _run_entry_point(self, fn: TrainerFn) -> Any:
-        from drivetrain.trainer import checkpointing
-        from drivetrain.trainer.loops.fit import FitLoop
-        from drivetrain.trainer.loops.prediction import PredictionLoop
-
-        if fn == TrainerFn.FITTING:
-            self._optimization.setup(self._optimizers, self._scheduler_configs)
-            if self._ckpt_path is not None:
-                checkpointing.restore_training_state(self, self._ckpt_path)
-            self._metrics.log_hyperparams(self._hyperparameters())
-            self.state.stage = RunningStage.TRAINING
-            if self._detect_anomaly:
-                with torch.autograd.set_detect_anomaly(True):
-                    FitLoop(self).run()
-            else:
-                FitLoop(self).run()
-            return None
-        if self._ckpt_path is not None:
-            checkpointing.restore_weights(self, self._ckpt_path)
-        if fn == TrainerFn.PREDICTING:
-            return PredictionLoop(self, self._return_predictions).run()
-        stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
-        return self._run_evaluation(stage)
-
-    def _prepare_data(self, datamodule: DataModule | None, stage: str) -> None:
-        """``prepare_data`` of the DataModule and the module once per node, then the DataModule's ``setup``."""
-        from drivetrain.trainer.hooks import overrides
-
-        module = self._module
-        module_prepares = overrides(module, TrainingModule, "prepare_data")
-        if datamodule is None and not module_prepares:
-            return
-        if self.strategy.local_rank == 0:
-            if datamodule is not None:
-                datamodule.prepare_data()
-            if module_prepares:
-                module.prepare_data()
-        self.strategy.barrier("prepare_data")
-        if datamodule is not None:
-            datamodule.setup(stage)
-
-    def _attach_module_callbacks(self, module: TrainingModule) -> None:
-        """Add what ``module.configure_callbacks()`` returns, replacing Trainer callbacks of the same types."""
-        from drivetrain.trainer.default_callbacks import attach_module_callbacks
-        from drivetrain.trainer.hooks import overrides
-
-        if overrides(module, TrainingModule, "configure_callbacks"):
-            self._callbacks = attach_module_callbacks(
-                self._callbacks, module.configure_callbacks(), type(module).__name__
-            )
-
     def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
         from drivetrain.trainer.loops.evaluation import EvaluationLoop
 
@@ -540,6 +513,7 @@ class Trainer(TrainerProperties):
         """Validation inside fit (the fit loop calls this when it is due)."""
         self._progress.validation_pending = False
         self._progress.validations_run += 1
+        self._data.reload_if_due(RunningStage.VALIDATING, self._progress.epoch)
         self._run_evaluation(RunningStage.VALIDATING)
         self._module._results = self._train_results
         self.state.stage = RunningStage.TRAINING
@@ -550,13 +524,6 @@ class Trainer(TrainerProperties):
 
             restore_process_state(self.strategy, self._pending_process)
             self._pending_process = None
-
-    def _hyperparameters(self) -> dict[str, Any]:
-        params = dict(self._module.hparams) if self._module is not None else {}
-        datamodule = self._data.datamodule
-        if datamodule is not None:
-            params.update(datamodule.hparams)
-        return params
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(
@@ -580,21 +547,10 @@ class Trainer(TrainerProperties):
                 launching process, which holds the trained weights but not the spawned processes'
                 optimizer and generator states.
         """
-        if self._module is None or self.state.fn is None:
-            raise RuntimeError(
-                "save_checkpoint() saves what fit/validate/test/predict set up, and none has run yet. Call it "
-                "from a callback or module hook during a run, or after trainer.fit(...) returns."
-            )
-        if not self._strategy_ready and not self._ran_here and not weights_only:
-            raise RuntimeError(
-                f"trainer.save_checkpoint() runs in the process that launched the {self.world_size} "
-                f"{type(self.strategy).__name__} processes: it holds the trained weights (copied back), but the "
-                f"optimizer, scheduler and generator states stayed in the processes that have ended. Save the "
-                f"training state during the run (ModelCheckpoint, or save_checkpoint in a callback's on_train_end), "
-                f"or save the weights here with save_checkpoint(path, weights_only=True)."
-            )
         from drivetrain.trainer import checkpointing
+        from drivetrain.trainer.entry_points import check_can_save
 
+        check_can_save(self, weights_only)
         checkpointing.save_checkpoint(self, filepath, weights_only, storage_options)
 
     # -- helpers for callbacks and modules ----------------------------------------------------------
@@ -640,9 +596,3 @@ class Trainer(TrainerProperties):
 
 def _current_epoch(trainer: Trainer) -> int:
     return trainer.current_epoch
-
-
-def _collectives(strategy: Strategy) -> tuple[Any, Any]:
-    if strategy.world_size > 1:
-        return strategy.all_reduce, strategy.all_gather_object
-    return None, None

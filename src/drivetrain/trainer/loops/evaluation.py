@@ -8,7 +8,9 @@
     epoch values reduced across ranks  [on_<stage>_epoch_end]  logged  [on_<stage>_end]
 
 Steps run without gradients on the user's module directly, so ranks with unequal shares never
-wait on each other mid-loop. See :func:`grad_context` for when that is ``torch.inference_mode``.
+wait on each other mid-loop; where the forward itself is a collective (FSDP, ZeRO-3) the ranks
+with fewer batches run discarded extra forwards (:mod:`drivetrain.trainer.loops.uneven`). See
+:func:`grad_context` for when that is ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch
 from torch import nn
 
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
-from drivetrain.trainer.results import ResultCollection
+from drivetrain.trainer.loops.uneven import Padding
+from drivetrain.trainer.profiling import timed
+from drivetrain.trainer.results import new_results
 from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -51,7 +55,8 @@ def step_function(trainer: Trainer, name: str) -> Any:
     method = getattr(module, name)
     if strategy.requires_joint_setup and model is not None:
         method = redirected_call(model, module, method)
-    return with_precision(method, strategy.precision)
+    step = with_precision(method, strategy.precision)
+    return timed(trainer._features.profiler, f"[TrainingModule]{type(module).__name__}.{name}", step)
 
 
 class EvaluationLoop:
@@ -67,13 +72,8 @@ class EvaluationLoop:
         module = trainer._module
         prefix = "test" if stage == RunningStage.TESTING else "validation"
         loaders, lengths = trainer._data.eval_loaders(stage)
-        check_equal_shares(trainer, lengths, "test" if stage == RunningStage.TESTING else "validation")
-        strategy = trainer.strategy
-        results = ResultCollection(
-            training=False,
-            all_reduce=strategy.all_reduce if strategy.world_size > 1 else None,
-            all_gather_object=strategy.all_gather_object if strategy.world_size > 1 else None,
-        )
+        padding = Padding(trainer, lengths, "test" if stage == RunningStage.TESTING else "validation")
+        results = new_results(trainer, False)
         previous_stage = trainer.state.stage
         trainer.state.stage = stage
         sanity = stage == RunningStage.SANITY_CHECKING
@@ -95,10 +95,9 @@ class EvaluationLoop:
                 for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                     results.suffix = f"{_DATALOADER_SUFFIX}{dataloader_idx}" if several else ""
                     extra = (dataloader_idx,) if several else ()
-                    if length == 0:
-                        continue
-                    cut = limit_below_length(loader, length)
-                    for batch_idx, batch in enumerate(loader):
+                    batch = padding.shared_batch(dataloader_idx, loader)
+                    cut = limit_below_length(loader, length) if length else 0
+                    for batch_idx, batch in enumerate(loader if length else ()):
                         if batch_idx >= length:
                             break
                         results.mark += 1
@@ -110,6 +109,7 @@ class EvaluationLoop:
                             batch_end(output, batch, batch_idx, dataloader_idx)
                         if batch_idx + 1 == cut:
                             break  # without reading (and placing) a batch beyond the limit
+                    padding.run(dataloader_idx, step, batch, extra)
                 results.batch_level = False
                 results.suffix = ""
                 results.reduce_epoch()
@@ -126,26 +126,6 @@ class EvaluationLoop:
         if sanity:
             hooks.call("on_sanity_check_end")
         return per_loader_results(results.epoch_values, len(loaders))
-
-
-_LIMITS = {"test": "limit_test_batches", "predict": "limit_predict_batches"}
-
-
-def check_equal_shares(trainer: Trainer, lengths: list[float], what: str) -> None:
-    """Refuse an evaluation whose processes would run different numbers of forwards on a strategy
-    whose forward is a collective (FSDP, ZeRO-3): one would wait forever for the others."""
-    strategy = trainer.strategy
-    if strategy.world_size == 1 or not strategy.forward_is_collective:
-        return
-    counts = strategy.all_gather_object([float(length) for length in lengths])
-    if any(count != counts[0] for count in counts):
-        raise RuntimeError(
-            f"The {what} batches do not divide evenly between the {strategy.world_size} processes (batches per "
-            f"process and loader: {counts}), but {type(strategy).__name__} gathers the sharded weights in every "
-            f"forward, so all processes must run the same number of steps. Make each loader's batch count a "
-            f"multiple of {strategy.world_size} (the dataset size, batch_size or drop_last=True), or set "
-            f"{_LIMITS.get(what, 'limit_val_batches')} to such a multiple."
-        )
 
 
 def limit_below_length(loader: Any, limit: float) -> float | None:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.strategies.preemption import PreemptionWatch
 from drivetrain.trainer import preemption
 from drivetrain.trainer.loops.evaluation import limit_below_length
 from drivetrain.trainer.optimizers import step_schedulers
+from drivetrain.trainer.profiling import timed, timed_batches
 from drivetrain.trainer.state import RunningStage
 
 if TYPE_CHECKING:
@@ -132,11 +134,16 @@ class FitLoop:
         resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
         if not progress.epoch_finished:
             if not resuming:
+                if progress.epoch and trainer._data.reload_if_due(RunningStage.TRAINING, progress.epoch):
+                    self.num_batches = trainer._data.num_training_batches
+                    self.val_check_batch = self._val_check_batch()
                 results.reset()
                 results.batch_level = False
                 hooks.call("on_train_epoch_start")
             results.batch_level = True
-            self._run_batches(self._epoch_iterator())
+            profiler = trainer._features.profiler
+            with profiler.profile("run_training_epoch") if profiler is not None else nullcontext():
+                self._run_batches(self._epoch_iterator())
             results.batch_level = False
             progress.is_last_batch = False
             progress.epoch_ending = True
@@ -206,18 +213,19 @@ class FitLoop:
         results = trainer._train_results
         metrics = trainer._metrics
         optimization = trainer._optimization
-        step = optimization.step
+        profiler = trainer._features.profiler
+        step = timed(profiler, "run_training_batch", optimization.step)
         limit = self.num_batches
         max_steps = settings.max_steps if settings.max_steps != -1 else math.inf
         log_every = settings.log_every_n_steps
         logging = bool(metrics.loggers) and metrics.is_global_zero
         val_check = self.val_check_batch
-        timed = self._deadline is not None
+        time_limited = self._deadline is not None
         watch = self._preemption
         batch_idx = progress.batches_done
         cut = limit_below_length(trainer._data.train_loader, limit)
         optimization.start_epoch(batch_idx)
-        for batch in iterator:
+        for batch in timed_batches(profiler, "train_dataloader_next", iterator):
             if batch_idx >= limit:
                 break
             results.mark += 1
@@ -248,7 +256,7 @@ class FitLoop:
                 trainer._module._results = results
             if progress.global_step >= max_steps or (trainer.should_stop and self._stop_requested()):
                 break
-            if timed and self._out_of_time():
+            if time_limited and self._out_of_time():
                 break
             if batch_idx == cut:
                 break  # without reading (and placing) a batch beyond the limit

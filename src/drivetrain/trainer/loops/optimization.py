@@ -147,6 +147,14 @@ class Optimization:
         training_step = module.training_step
         call = redirected_call(model, module, training_step) if redirect else training_step
         self.training_step = with_precision(call, strategy.precision)
+        profiler = trainer._features.profiler
+        if profiler is not None:  # decided here, once: an unprofiled step calls the functions themselves
+            from drivetrain.trainer.profiling import timed
+
+            action = f"[TrainingModule]{type(module).__name__}.training_step"
+            self.training_step = timed(profiler, action, self.training_step)
+            self._backward = timed(profiler, "backward", self._backward)
+            self._optimizer_call = timed(profiler, "optimizer_step", self._optimizer_call)
         accumulate = self.accumulation.num_steps
         if not module.automatic_optimization:
             automatic_only = [name for name in hooks if name != "backward"]

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.trainer.loops.evaluation import (
-    check_equal_shares,
     enter_eval_mode,
     grad_context,
     leave_eval_mode,
     limit_below_length,
     step_function,
 )
+from drivetrain.trainer.loops.uneven import Padding
 from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.state import RunningStage
 
@@ -37,7 +37,7 @@ class PredictionLoop:
         hooks = trainer._hooks
         module = trainer._module
         loaders, lengths = trainer._data.eval_loaders(RunningStage.PREDICTING)
-        check_equal_shares(trainer, lengths, "predict")
+        padding = Padding(trainer, lengths, "predict")
         trainer.state.stage = RunningStage.PREDICTING
         module._results = ResultCollection(training=False)
         modes = enter_eval_mode(trainer, "predict")
@@ -51,8 +51,9 @@ class PredictionLoop:
             for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                 collected: list[Any] = []
                 extra = (dataloader_idx,) if several else ()
-                cut = limit_below_length(loader, length)
-                for batch_idx, batch in enumerate(loader):
+                batch = padding.shared_batch(dataloader_idx, loader)
+                cut = limit_below_length(loader, length) if length else 0
+                for batch_idx, batch in enumerate(loader if length else ()):
                     if batch_idx >= length:
                         break
                     if batch_start is not None:
@@ -64,6 +65,7 @@ class PredictionLoop:
                         collected.append(output)
                     if batch_idx + 1 == cut:
                         break  # without reading (and placing) a batch beyond the limit
+                padding.run(dataloader_idx, step, batch, extra)
                 outputs.append(collected)
         hooks.call("on_predict_epoch_end")
         hooks.call("on_predict_end")

@@ -1,0 +1,122 @@
+"""What each Trainer entry point (fit, validate, test, predict) checks in the calling process
+before any process starts: the model it was given, the checkpoint it names, and whether
+``save_checkpoint`` can run where it was called."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drivetrain._utilities import paths
+from drivetrain.trainer.state import TrainerFn
+
+if TYPE_CHECKING:
+    from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.trainer import Trainer
+
+
+def unwrap_compiled(model: Any) -> tuple[Any, Any]:
+    """``(module, compiler)`` for ``torch.compile(module)`` (Lightning 2.x accepts a compiled module);
+    ``(model, None)`` for anything else. ``compiler`` turns a function into its compiled form."""
+    inner = getattr(model, "_orig_mod", None)
+    compiler = getattr(model, "dynamo_ctx", None)
+    if inner is None or compiler is None or not callable(compiler):
+        return model, None
+    return inner, compiler
+
+
+def check_model(trainer: Trainer, fn: TrainerFn, model: Any) -> tuple[TrainingModule, Any]:
+    """The module the entry point runs (the last one when ``model`` is None) and its compiler, if compiled."""
+    from drivetrain.trainer.module import TrainingModule
+
+    if model is None:
+        if trainer._module is None:
+            raise ValueError(f"Trainer.{fn.value}() needs a model: pass it as the first argument.")
+        return trainer._module, trainer._compiler
+    module, compiler = unwrap_compiled(model)
+    if not isinstance(module, TrainingModule):
+        what = f"torch.compile({type(module).__name__})" if compiler is not None else type(model).__name__
+        raise TypeError(
+            f"Trainer.{fn.value}() expects a drivetrain.TrainingModule (or a torch.compile of one), got {what}. "
+            f"Subclass TrainingModule and define training_step/configure_optimizers (and the steps you need)."
+        )
+    start_method = getattr(trainer.strategy, "start_method", "popen")
+    if compiler is not None and start_method in ("spawn", "forkserver"):
+        raise ValueError(
+            f"Trainer.{fn.value}() got a torch.compile'd module, but the {start_method!r} start method sends the "
+            f"module to new processes by pickling, which a compiled function does not survive. Pass the module "
+            f"itself and compile inside it (self.net = torch.compile(self.net) in configure_model), or use "
+            f"strategy='ddp' (or 'ddp_fork')."
+        )
+    return module, compiler
+
+
+def check_ckpt_request(fn: TrainerFn, ckpt_path: str | Path | None, weights_only: Any) -> str | None:
+    """``ckpt_path`` as the entry point will resolve it: ``"last"``/``"best"``/``"hpc"`` or an existing path."""
+    if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc"):
+        from drivetrain.trainer import checkpointing
+
+        ckpt_path = os.fspath(ckpt_path)
+        if checkpointing.published(ckpt_path) is None:
+            shown = ckpt_path if paths.is_remote(ckpt_path) else Path(ckpt_path).resolve()
+            raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').")
+    if ckpt_path == "best" and fn == TrainerFn.FITTING:
+        raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise TypeError(f"Trainer.{fn.value}(weights_only={weights_only!r}): use True, False or None (safe).")
+    return None if ckpt_path is None else str(ckpt_path)
+
+
+def check_can_save(trainer: Trainer, weights_only: bool) -> None:
+    """Whether ``trainer.save_checkpoint`` has something to save in this process."""
+    if trainer._module is None or trainer.state.fn is None:
+        raise RuntimeError(
+            "save_checkpoint() saves what fit/validate/test/predict set up, and none has run yet. Call it "
+            "from a callback or module hook during a run, or after trainer.fit(...) returns."
+        )
+    if not trainer._strategy_ready and not trainer._ran_here and not weights_only:
+        raise RuntimeError(
+            f"trainer.save_checkpoint() runs in the process that launched the {trainer.world_size} "
+            f"{type(trainer.strategy).__name__} processes: it holds the trained weights (copied back), but the "
+            f"optimizer, scheduler and generator states stayed in the processes that have ended. Save the "
+            f"training state during the run (ModelCheckpoint, or save_checkpoint in a callback's on_train_end), "
+            f"or save the weights here with save_checkpoint(path, weights_only=True)."
+        )
+
+
+def run_entry_point(trainer: Trainer, fn: TrainerFn) -> Any:
+    """Run ``fn``'s loop in this process, once the model and data are set up."""
+    import torch
+
+    from drivetrain.trainer import checkpointing
+    from drivetrain.trainer.loops.fit import FitLoop
+    from drivetrain.trainer.loops.prediction import PredictionLoop
+    from drivetrain.trainer.state import RunningStage
+
+    if fn == TrainerFn.FITTING:
+        trainer._optimization.setup(trainer._optimizers, trainer._scheduler_configs)
+        if trainer._ckpt_path is not None:
+            checkpointing.restore_training_state(trainer, trainer._ckpt_path)
+        trainer._metrics.log_hyperparams(_hyperparameters(trainer))
+        trainer.state.stage = RunningStage.TRAINING
+        if trainer._detect_anomaly:
+            with torch.autograd.set_detect_anomaly(True):
+                FitLoop(trainer).run()
+        else:
+            FitLoop(trainer).run()
+        return None
+    if trainer._ckpt_path is not None:
+        checkpointing.restore_weights(trainer, trainer._ckpt_path)
+    if fn == TrainerFn.PREDICTING:
+        return PredictionLoop(trainer, trainer._return_predictions).run()
+    stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
+    return trainer._run_evaluation(stage)
+
+
+def _hyperparameters(trainer: Trainer) -> dict[str, Any]:
+    params = dict(trainer._module.hparams) if trainer._module is not None else {}
+    datamodule = trainer._data.datamodule
+    if datamodule is not None:
+        params.update(datamodule.hparams)
+    return params
