@@ -48,7 +48,7 @@ def test_fit_unwraps_a_compiled_module_and_trains_with_its_compiled_forward() ->
 def test_a_compiled_module_that_is_not_a_training_module_is_a_clear_error() -> None:
     with pytest.raises(
         TypeError,
-        match=r"expects a drivetrain.TrainingModule \(or a torch.compile of one\), got "
+        match=r"expects a drivetrain.TrainingModule, got "
         r"torch.compile\(Linear\)",
     ):
         quiet_trainer().fit(torch.compile(nn.Linear(2, 2), backend="eager"))

@@ -38,8 +38,8 @@ def check_model(trainer: Trainer, fn: TrainerFn, model: Any) -> tuple[TrainingMo
     if not isinstance(module, TrainingModule):
         what = f"torch.compile({type(module).__name__})" if compiler is not None else type(model).__name__
         raise TypeError(
-            f"Trainer.{fn.value}() expects a drivetrain.TrainingModule (or a torch.compile of one), got {what}. "
-            f"Subclass TrainingModule and define training_step/configure_optimizers (and the steps you need)."
+            f"Trainer.{fn.value}() expects a drivetrain.TrainingModule, got {what}. Subclass TrainingModule and "
+            f"define training_step/configure_optimizers (and the steps you need); torch.compile(module) is accepted too."
         )
     start_method = getattr(trainer.strategy, "start_method", "popen")
     if compiler is not None and start_method in ("spawn", "forkserver"):
