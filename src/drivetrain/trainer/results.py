@@ -527,11 +527,14 @@ class DiscardedResults(ResultCollection):
         )
 
 
+def collectives_of(strategy: Any) -> tuple[Any, Any]:
+    """``(all_reduce, all_gather_object)`` of ``strategy`` for a collection, ``None`` for one process."""
+    if strategy.world_size > 1:
+        return strategy.all_reduce, strategy.all_gather_object
+    return None, None
+
+
 def new_results(trainer: Any, training: bool) -> ResultCollection:
     """The collection a stage's logged values go to, reduced across the run's processes."""
-    strategy = trainer.strategy
-    collectives = (
-        (strategy.all_reduce, strategy.all_gather_object) if strategy.world_size > 1 else (None, None)
-    )
     kind = DiscardedResults if trainer._features.barebones else ResultCollection
-    return kind(training, *collectives)
+    return kind(training, *collectives_of(trainer.strategy))

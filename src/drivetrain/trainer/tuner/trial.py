@@ -136,8 +136,7 @@ def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = 
 def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> FitLoop:
     """Set the Trainer up for :func:`train_steps` (what the previous trial left behind is released here)."""
     from drivetrain.trainer.loops.fit import FitLoop
-    from drivetrain.trainer.results import ResultCollection
-    from drivetrain.trainer.trainer import _collectives
+    from drivetrain.trainer.results import ResultCollection, collectives_of
 
     trainer._settings = dataclasses.replace(
         trainer._settings,
@@ -155,7 +154,7 @@ def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback
     trainer._callbacks = list(callbacks)
     trainer._hook_runner(rebuild=True)
     trainer._scheduler_configs = []
-    trainer._train_results = ResultCollection(True, *_collectives(trainer.strategy))
+    trainer._train_results = ResultCollection(True, *collectives_of(trainer.strategy))
     metrics = trainer._metrics
     metrics.loggers = []
     metrics.train = trainer._train_results
