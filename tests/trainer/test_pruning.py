@@ -156,3 +156,10 @@ def test_settings_are_checked() -> None:
             max_epochs=1,
             callbacks=[ModelPruning("l1_unstructured", parameters_to_prune=[(nn.Linear(2, 2), "weight")])],
         ).fit(Backboned(), loader(regression_data(8)))
+
+
+def test_the_default_parameters_to_prune_are_every_named_parameter() -> None:
+    model = Backboned(batch_norm=True)
+    pairs = ModelPruning.sanitize_parameters_to_prune(model, parameter_names=["weight"])
+    assert pairs == [(model.backbone[0], "weight"), (model.backbone[1], "weight"), (model.head, "weight")]
+    assert len(ModelPruning.sanitize_parameters_to_prune(model)) == 6  # weights and biases

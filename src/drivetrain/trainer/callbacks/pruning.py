@@ -206,17 +206,24 @@ class ModelPruning(Callback):
         """Override to narrow the ``(module, name)`` pairs to prune."""
         return parameters_to_prune
 
-    def _resolve(self, pl_module: nn.Module) -> list[tuple[nn.Module, str]]:
-        if not self._parameters_to_prune:
+    @staticmethod
+    def sanitize_parameters_to_prune(
+        pl_module: nn.Module,
+        parameters_to_prune: Sequence[tuple[nn.Module, str]] = (),
+        parameter_names: Sequence[str] = (),
+    ) -> list[tuple[nn.Module, str]]:
+        """The ``(module, name)`` pairs to prune: those given, checked; else every ``parameter_names`` parameter."""
+        names = list(parameter_names or ModelPruning.PARAMETER_NAMES)
+        if not parameters_to_prune:
             return [
                 (module, name)
                 for module in pl_module.modules()
-                for name in self._parameter_names
+                for name in names
                 if isinstance(getattr(module, name, None), nn.Parameter) or hasattr(module, name + "_orig")
             ]
         resolved = []
         owned = {id(m) for m in pl_module.modules()}
-        for pair in self._parameters_to_prune:
+        for pair in parameters_to_prune:
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], nn.Module)):
                 raise TypeError(
                     f"ModelPruning(parameters_to_prune=...): {pair!r} is not a (module, name) pair."
@@ -240,7 +247,9 @@ class ModelPruning(Callback):
                 f"ModelPruning reparametrises whole parameters, which the {type(trainer.strategy).__name__} shards "
                 f"between the processes. Use it with one device or the 'ddp' strategies."
             )
-        pairs = self.filter_parameters_to_prune(self._resolve(pl_module))
+        pairs = self.filter_parameters_to_prune(
+            self.sanitize_parameters_to_prune(pl_module, self._parameters_to_prune, self._parameter_names)
+        )
         self._parameters_to_prune = list(pairs)
         if not self._parameters_to_prune:
             raise ValueError(

@@ -235,10 +235,8 @@ class StochasticWeightAveraging(Callback):
                 f"started (epoch {self.swa_start}); the model keeps its trained weights."
             )
             return
-        with torch.no_grad():
-            for src, dst in zip(average.module.parameters(), pl_module.parameters(), strict=True):
-                dst.copy_(src.to(dst.device))
-        if any(isinstance(module, _BatchNorm) for module in pl_module.modules()):
+        self.transfer_weights(average.module, pl_module)
+        if self.pl_module_contains_batch_norm(pl_module):
             self._update_batch_norm(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:
@@ -264,6 +262,18 @@ class StochasticWeightAveraging(Callback):
         self._pending = dict(state_dict) if state_dict else None
 
     # -- helpers ----------------------------------------------------------------------------------
+    @staticmethod
+    def pl_module_contains_batch_norm(pl_module: nn.Module) -> bool:
+        """Whether the module has BatchNorm layers (their statistics are recomputed for the average)."""
+        return any(isinstance(module, _BatchNorm) for module in pl_module.modules())
+
+    @staticmethod
+    @torch.no_grad()
+    def transfer_weights(src_pl_module: nn.Module, dst_pl_module: nn.Module) -> None:
+        """Copy the parameters of ``src_pl_module`` into ``dst_pl_module`` (each on its own device)."""
+        for src, dst in zip(src_pl_module.parameters(), dst_pl_module.parameters(), strict=True):
+            dst.copy_(src.to(dst.device))
+
     def _update(self, epoch: int, module: nn.Module) -> None:
         if epoch > self._latest_update_epoch and self._in_swa(epoch):
             assert self._average_model is not None
