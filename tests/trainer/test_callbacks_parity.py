@@ -1,0 +1,81 @@
+"""The averaging, fine-tuning and pruning callbacks against real PyTorch Lightning: one program, only the imports differ.
+
+``scripts/callbacks_parity.py`` runs on the peers' interpreter (``benchmarks/.peers-venv``, built on first use;
+its results cached by the script's content) and here on drivetrain: the final weights and the learning rates of
+every epoch agree. StochasticWeightAveraging's rates agree; its weights differ by design (drivetrain averages the
+weights at the end of each SWA epoch, Lightning at the start: docs/migrating-from-lightning.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers.scripts import run_command
+
+SCRIPT = Path(__file__).parent / "scripts" / "callbacks_parity.py"
+
+
+@pytest.fixture(scope="module")
+def lightning_results(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    from benchmarks.peers import ensure_peers_venv
+
+    try:
+        python = ensure_peers_venv(log=lambda _: None)
+    except (subprocess.CalledProcessError, OSError) as error:
+        pytest.skip(f"the peers' environment with PyTorch Lightning cannot be built here: {error}")
+    key = hashlib.sha256(SCRIPT.read_bytes() + str(python).encode()).hexdigest()[:16]
+    cache = getattr(request.config, "cache", None)
+    out = cache.mkdir(f"callbacks-parity-{key}") if cache is not None else tmp_path_factory.mktemp("parity")
+    results = out / "lightning.pt"
+    if not results.exists():
+        completed = run_command([str(python), str(SCRIPT), "lightning", str(out / "new.pt")], timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        (out / "new.pt").replace(results)
+    loaded: dict[str, Any] = torch.load(results, weights_only=True)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def drivetrain_results() -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("callbacks_parity", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results: dict[str, Any] = module.run_all("drivetrain")
+    return results
+
+
+@pytest.mark.parametrize("case", ["weight_averaging", "ema", "backbone", "pruning_global", "pruning_local"])
+def test_the_same_weights_and_rates_as_lightning(
+    case: str, lightning_results: dict[str, Any], drivetrain_results: dict[str, Any]
+) -> None:
+    ours, theirs = drivetrain_results[case], lightning_results[case]
+    _same_rates(ours["rates"], theirs["rates"])
+    assert ours["weights"].keys() == theirs["weights"].keys()  # no pruning reparametrisation left in either
+    for key, value in theirs["weights"].items():
+        torch.testing.assert_close(ours["weights"][key], value, msg=key)
+
+
+def test_swa_anneals_the_rate_as_lightning_does(
+    lightning_results: dict[str, Any], drivetrain_results: dict[str, Any]
+) -> None:
+    rates = drivetrain_results["swa"]["rates"]
+    _same_rates(rates, lightning_results["swa"]["rates"])
+    assert rates[0] != rates[-1] and rates[-1] == pytest.approx([0.01])
+
+
+def _same_rates(ours: list[list[float]], theirs: list[list[float]]) -> None:
+    """Per epoch, the rate of every parameter group."""
+    assert [len(groups) for groups in ours] == [len(groups) for groups in theirs]
+    assert [lr for groups in ours for lr in groups] == pytest.approx(
+        [lr for groups in theirs for lr in groups]
+    )
