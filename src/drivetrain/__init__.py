@@ -18,6 +18,8 @@ _LAZY = {
     "AcceleratorState": "drivetrain.facade",
     "PartialState": "drivetrain.facade",
     "SeedableRandomSampler": "drivetrain.data.seeding",
+    "ParallelLayout": "drivetrain.strategies.layout",
+    "ParallelismConfig": "drivetrain.strategies.layout",
     "find_executable_batch_size": "drivetrain.utils.memory",
     "debug_launcher": "drivetrain.facade.notebook",
     "notebook_launcher": "drivetrain.facade.notebook",
@@ -53,6 +55,8 @@ __all__ = [
     "EMAWeightAveraging",
     "LearningRateFinder",
     "ModelPruning",
+    "ParallelLayout",
+    "ParallelismConfig",
     "PartialState",
     "SeedableRandomSampler",
     "StochasticWeightAveraging",
@@ -90,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.facade import Accelerator, AcceleratorState, PartialState
     from drivetrain.facade.notebook import debug_launcher, notebook_launcher
+    from drivetrain.strategies.layout import ParallelismConfig, ParallelLayout
     from drivetrain.trainer import DataModule, Trainer, TrainingModule
     from drivetrain.trainer.callbacks import (
         BackboneFinetuning,

@@ -18,7 +18,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from drivetrain.data.batches import batch_length, concatenate_batches, pad_batch, slice_batch
-from drivetrain.data.loader import PreparedDataLoader
+from drivetrain.data.loader import PreparedDataLoader, data_parallel_share
 
 
 class DispatchingDataLoader(PreparedDataLoader):
@@ -47,7 +47,7 @@ class DispatchingDataLoader(PreparedDataLoader):
         batches = len(self.base_dataloader)
         if self._split:
             return batches
-        n = self._strategy.world_size
+        n = data_parallel_share(self._strategy)[0]
         return batches // n if self.drop_last else math.ceil(batches / n)
 
     def _final_padding(self) -> int:
@@ -55,7 +55,7 @@ class DispatchingDataLoader(PreparedDataLoader):
 
     def _source(self, start_at: int) -> Iterator[Any]:
         strategy = self._strategy
-        n, rank = strategy.world_size, strategy.global_rank
+        n, rank = data_parallel_share(strategy)
         per_step = 1 if self._split else n
         batches: Iterator[Any] | None = None
         if strategy.is_global_zero:

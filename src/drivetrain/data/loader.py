@@ -80,6 +80,17 @@ def loader_settings(dataloader: DataLoader) -> dict[str, Any]:
     return settings
 
 
+def data_parallel_share(strategy: Strategy) -> tuple[int, int]:
+    """``(how many shares the data is split into, which one this process reads)``.
+
+    From the strategy's ``distributed_sampler_kwargs``: the data-parallel ranks, which under
+    tensor or context parallelism are fewer than the processes (the ranks of one such group
+    read the same share). ``(1, 0)`` when the strategy does not shard data.
+    """
+    sharding = strategy.distributed_sampler_kwargs
+    return (sharding["num_replicas"], sharding["rank"]) if sharding else (1, 0)
+
+
 def check_epoch(epoch: Any) -> int:
     """``epoch`` if it is an epoch number (an int >= 0), else the ``ValueError`` ``set_epoch`` raises."""
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:

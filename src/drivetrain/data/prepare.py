@@ -27,7 +27,13 @@ from drivetrain._utilities.seed import worker_seeding_requested
 from drivetrain.data import rng
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
-from drivetrain.data.loader import ActiveLoaders, PreparedDataLoader, ShardedDataLoader, loader_settings
+from drivetrain.data.loader import (
+    ActiveLoaders,
+    PreparedDataLoader,
+    ShardedDataLoader,
+    data_parallel_share,
+    loader_settings,
+)
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder
 from drivetrain.strategies.strategy import Strategy
@@ -104,8 +110,9 @@ def prepare_data_loader(
             UserWarning,
             stacklevel=3,
         )
-    sharding = strategy.distributed_sampler_kwargs if shard else None
-    n, rank = (sharding["num_replicas"], sharding["rank"]) if sharding else (1, 0)
+    n, rank = data_parallel_share(strategy) if shard else (1, 0)
+    # Per-share seeds: the ranks of one tensor-parallel group (same share) draw alike.
+    seed_rank = data_parallel_share(strategy)[1] if shard else strategy.global_rank
     iterable = isinstance(dataloader.dataset, IterableDataset)
     batch_size = _batch_size(dataloader)
     if split_batches and n > 1:
@@ -113,7 +120,7 @@ def prepare_data_loader(
     seed = (data_seed if data_seed is not None else torch.initial_seed()) % _MAX_SEED
     sampler, batch_sampler = _seedable(dataloader, seed, use_seedable_sampler)
     index_sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else sampler
-    if n > 1 and isinstance(index_sampler, SeedableRandomSampler):
+    if shard and strategy.world_size > 1 and isinstance(index_sampler, SeedableRandomSampler):
         # One permutation shared out: every process shuffles with rank 0's seed.
         index_sampler.initial_seed = strategy.broadcast(index_sampler.initial_seed, src=0)
     sampler_generator = _sampler_generator(batch_sampler, sampler, seed)
@@ -122,7 +129,7 @@ def prepare_data_loader(
         names = ("generator", *names)
     settings = loader_settings(dataloader)
     if dataloader.num_workers > 0 and worker_seeding_requested():
-        settings["worker_init_fn"] = WorkerSeeder(strategy.global_rank, dataloader.worker_init_fn)
+        settings["worker_init_fn"] = WorkerSeeder(seed_rank, dataloader.worker_init_fn)
     common: dict[str, Any] = {
         "strategy": strategy,
         "original": dataloader,
@@ -132,7 +139,7 @@ def prepare_data_loader(
         "active_loaders": active_loaders,
         **settings,
         "generator": dataloader.generator if dataloader.generator is not None else torch.Generator(),
-        "epoch_seed": (seed, strategy.global_rank) if dataloader.generator is None else None,
+        "epoch_seed": (seed, seed_rank) if dataloader.generator is None else None,
     }
     per_process = batch_size // n if split_batches and batch_size else batch_size
     total = None if batch_size is None else (batch_size if split_batches else batch_size * n)

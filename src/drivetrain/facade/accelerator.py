@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from drivetrain.data.loader import PreparedDataLoader
     from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.layout import ParallelismConfig
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import (
         DataLoaderConfiguration,
@@ -87,6 +88,11 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             ``autocast_kwargs``); one process needs no DDP settings, and a precision without a
             loss scaler or autocast ignores those with a warning.
         dispatch_batches / even_batches: as in ``DataLoaderConfiguration``.
+        parallelism_config: a :class:`~drivetrain.ParallelismConfig` (``dp_replicate_size``,
+            ``dp_shard_size``, ``tp_size``, ``cp_size``): tensor parallel x FSDP2 (HSDP when
+            replicated) on one device mesh (``strategy="model_parallel"``).
+        tp_plan: with ``tp_size > 1``, the ``parallelize_module`` plan ``prepare`` applies to the
+            model (module path -> ``ColwiseParallel()`` … or ``"colwise"``/``"rowwise"``).
         debug: check, before every collective (``gather``, ``reduce``, ``wait_for_everyone`` …),
             that all processes call the same one with tensors of the same shapes and dtypes, and
             raise :class:`~drivetrain.utils.DistributedOperationException` naming them if not
@@ -128,12 +134,17 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
+        parallelism_config: ParallelismConfig | None = None,
+        tp_plan: dict[str, Any] | None = None,
         debug: bool | None = None,
     ) -> None:
         from drivetrain.data.rng import validate_rng_types
         from drivetrain.strategies.launchers.overrides import accelerate_variables
 
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
+        strategy, parallelism_options = settings.parallelism(strategy, parallelism_config, tp_plan)
+        #: Accelerate's parallel layout (``None`` unless given).
+        self.parallelism_config = parallelism_config
         # Accelerate's environment variables are defaults; the arguments given here win.
         environment = accelerate_variables()
         if mixed_precision is None and fp16 is None and precision is None:
@@ -167,6 +178,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             plugins=plugins,
             handlers=handlers,
             debug=self.debug,
+            parallelism_options=parallelism_options,
         )
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -238,6 +250,15 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
 
             state = self.__dict__["_state"] = AcceleratorState._view(self)
         return state
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The torch ``DeviceMesh`` of a ``parallelism_config`` run (dimensions ``dp_replicate``,
+        ``dp_shard``, ``context_parallel``, ``tensor_parallel``, flattened ``data_parallel``); else ``None``."""
+        from drivetrain.strategies.model_parallel import ModelParallelStrategy
+
+        strategy = self.strategy
+        return strategy.device_mesh if isinstance(strategy, ModelParallelStrategy) else None
 
     @property
     def distributed_type(self) -> DistributedType:

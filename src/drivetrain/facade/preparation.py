@@ -203,6 +203,8 @@ class Preparation(ProcessControl):
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         """Wrap ``scheduler`` so it steps only when its optimizer stepped."""
+        from drivetrain.data.loader import data_parallel_share
+
         known = self._known(scheduler)
         if known is not None:
             return known
@@ -219,7 +221,10 @@ class Preparation(ProcessControl):
             scheduler,
             followed or list(self._optimizers),
             self.gradient_state,
-            num_processes=1 if self.dataloader_config.split_batches else self.strategy.world_size,
+            # Data-parallel ranks: tensor-parallel peers share their batches.
+            num_processes=1
+            if self.dataloader_config.split_batches
+            else data_parallel_share(self.strategy)[0],
             step_with_optimizer=self.step_scheduler_with_optimizer,
         )
         self._schedulers.append(prepared)

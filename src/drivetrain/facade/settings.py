@@ -165,11 +165,12 @@ def build_strategy(
     plugins: Any,
     handlers: Handlers,
     debug: bool = False,
+    parallelism_options: dict[str, Any] | None = None,
 ) -> Strategy:
     """Resolve the settings with one ``connect()``, the kwargs handlers passed on as its options."""
     from drivetrain.connector import connect
 
-    strategy_options = _strategy_options(handlers)
+    strategy_options = {**_strategy_options(handlers), **(parallelism_options or {})}
     if debug:
         _debug_strategy(strategy, strategy_options)
     precision_options = _precision_options(handlers)
@@ -184,6 +185,42 @@ def build_strategy(
         precision_options=precision_options,
     )
     return built
+
+
+def parallelism(strategy: Any, config: Any, tp_plan: Any) -> tuple[Any, dict[str, Any]]:
+    """``Accelerator(parallelism_config=..., tp_plan=...)`` as the strategy name and its options.
+
+    A parallelism config means ``strategy="model_parallel"`` with the config's layout; the plan
+    is checked now and applied by the strategy in ``prepare``.
+    """
+    if config is None:
+        if tp_plan is not None:
+            raise ValueError(
+                "tp_plan= splits layers over the tensor-parallel ranks of a parallelism_config, and none was given. "
+                "Pass parallelism_config=ParallelismConfig(tp_size=..., dp_shard_size=...) too."
+            )
+        return strategy, {}
+    from drivetrain.strategies.layout import ParallelismConfig
+
+    if not isinstance(config, ParallelismConfig):
+        raise TypeError(
+            f"parallelism_config= expects a drivetrain.ParallelismConfig (Accelerate's fields: dp_replicate_size, "
+            f"dp_shard_size, tp_size, cp_size), got {type(config).__name__}."
+        )
+    if not (isinstance(strategy, str) and strategy in ("auto", "model_parallel")):
+        raise ValueError(
+            f"parallelism_config= runs the model-parallel strategy, but strategy={strategy!r} asks for another. Leave "
+            f"strategy at 'auto', or pass a ModelParallelStrategy(layout=...) as strategy= without parallelism_config."
+        )
+    options: dict[str, Any] = {"layout": config.to_layout()}
+    if tp_plan is not None:
+        options["tp_plan"] = tp_plan
+    elif config.tp_enabled:
+        raise ValueError(
+            f"ParallelismConfig(tp_size={config.tp_size}) needs a tensor-parallel plan to split the model with: pass "
+            f"tp_plan={{'module.path': 'colwise' | 'rowwise' | ParallelStyle, ...}} to the Accelerator."
+        )
+    return "model_parallel", options
 
 
 def debug_mode(debug: bool | None, from_environment: bool | None) -> bool:

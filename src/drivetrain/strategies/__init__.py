@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.strategies.ddp import DDPStrategy
     from drivetrain.strategies.deepspeed import DeepSpeedStrategy
     from drivetrain.strategies.fsdp import FSDPStrategy
+    from drivetrain.strategies.layout import ParallelismConfig, ParallelLayout
+    from drivetrain.strategies.model_parallel import ModelParallelStrategy
     from drivetrain.strategies.parallel import ParallelStrategy
     from drivetrain.strategies.registry import StrategyRegistry
     from drivetrain.strategies.single_device import SingleDeviceStrategy
@@ -29,6 +31,9 @@ __getattr__, __dir__ = lazy_exports(
         "DDPStrategy": "drivetrain.strategies.ddp",
         "DeepSpeedStrategy": "drivetrain.strategies.deepspeed",
         "FSDPStrategy": "drivetrain.strategies.fsdp",
+        "ModelParallelStrategy": "drivetrain.strategies.model_parallel",
+        "ParallelLayout": "drivetrain.strategies.layout",
+        "ParallelismConfig": "drivetrain.strategies.layout",
         "ParallelStrategy": "drivetrain.strategies.parallel",
         "SingleDeviceStrategy": "drivetrain.strategies.single_device",
         "SingleDeviceXLAStrategy": "drivetrain.strategies.single_xla",
@@ -43,7 +48,10 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "ModelParallelStrategy",
+    "ParallelLayout",
     "ParallelStrategy",
+    "ParallelismConfig",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
     "Strategy",

@@ -164,12 +164,17 @@ def _shard_local_random_init(module: nn.Module) -> Iterator[None]:
     if mesh is None or mesh.device_type != "cpu":
         yield
         return
+    import torch.distributed as dist
+
     seed = int(torch.randint(0, 2**62, (1,)).item())
+    # The global rank: on a mesh of several dimensions (tensor parallel x FSDP) every rank holds
+    # other shards, and the mesh has no single local rank.
+    rank = dist.get_rank() if dist.is_initialized() else 0
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # torch warns that random DTensor ops are "not completely supported" on CPU meshes:
         # this function is the handling of exactly that case.
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
-        torch.manual_seed(seed + mesh.get_local_rank())
+        torch.manual_seed(seed + rank)
         yield
 
 

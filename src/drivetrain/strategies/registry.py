@@ -26,6 +26,7 @@ StrategyRegistry = _StrategyRegistry(
         "drivetrain.strategies.single_device",
         "drivetrain.strategies.ddp",
         "drivetrain.strategies.fsdp",
+        "drivetrain.strategies.model_parallel",
         "drivetrain.strategies.deepspeed",
         "drivetrain.strategies.xla",
         "drivetrain.strategies.single_xla",

@@ -61,6 +61,7 @@ class TrainingModule(LoopHooks, ModuleTools):
         "loggers",
         "hparams",
         "example_input_array",
+        "device_mesh",
     ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,6 +96,18 @@ class TrainingModule(LoopHooks, ModuleTools):
         for buffer in self.buffers():
             return buffer.device
         return torch.device("cpu")
+
+    @property
+    def device_mesh(self) -> Any:
+        """The strategy's torch ``DeviceMesh`` (``None`` for strategies without one).
+
+        Under ``strategy="model_parallel"`` it has named dimensions: apply tensor parallelism in
+        :meth:`configure_model` with ``parallelize_module(layer, self.device_mesh["tensor_parallel"], plan)``.
+        """
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None:
+            return None
+        return getattr(trainer.strategy, "device_mesh", None)
 
     @property
     def global_step(self) -> int:

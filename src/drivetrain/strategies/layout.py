@@ -1,0 +1,350 @@
+"""The parallel layout: how a job's ranks split into data-, context- and tensor-parallel groups.
+
+A :class:`ParallelLayout` says how many ranks each kind of parallelism spans::
+
+    dp_replicate x dp_shard x cp x tp == world size
+
+* ``dp_replicate``: copies of the (sharded) model, each on its own data (HSDP's outer level);
+* ``dp_shard``: ranks that shard parameters, gradients and optimizer state (FSDP2) while each
+  reads its own data;
+* ``cp`` (context parallel): ranks that split each sequence (CUDA only: torch's context
+  parallelism runs through the CUDA scaled-dot-product-attention kernels);
+* ``tp`` (tensor parallel): ranks that split each layer's matrices (``parallelize_module``).
+
+It is checked once, against the world size and the device type, and then builds one torch
+``DeviceMesh`` with the dimensions ``("dp_replicate", "dp_shard", "context_parallel",
+"tensor_parallel")`` (rank-major in that order, so the ranks of one tensor-parallel group are
+neighbours, on one node where possible). Named sub-meshes come from :meth:`ParallelLayout.submesh`:
+those four, ``"data_parallel"`` (replicate x shard: the ranks that read different data) and
+``"dp_shard_cp"`` (shard x cp: the ranks FSDP shards over). Short names work too: ``"dp"``,
+``"tp"``, ``"cp"``.
+
+:class:`ParallelismConfig` is the same thing under Accelerate's name and field names
+(``dp_replicate_size``, ``dp_shard_size``, ``tp_size``, ``cp_size``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: The mesh dimensions, outermost first.
+DIMENSIONS = ("dp_replicate", "dp_shard", "context_parallel", "tensor_parallel")
+#: Every name :meth:`ParallelLayout.submesh` answers to.
+SUBMESH_NAMES = (*DIMENSIONS, "data_parallel", "dp_shard_cp")
+ALIASES = {"dp": "data_parallel", "tp": "tensor_parallel", "cp": "context_parallel"}
+AUTO = "auto"
+
+
+class ParallelLayout:
+    """Sizes of the data-parallel (replicate x shard), context-parallel and tensor-parallel groups.
+
+    Args:
+        dp_replicate: copies of the model, each sharded over ``dp_shard`` ranks (HSDP when > 1).
+        dp_shard: ranks that shard parameters, gradients and optimizer states (FSDP2).
+        tp: ranks of one tensor-parallel group.
+        cp: ranks of one context-parallel group (CUDA only).
+
+    One size may be ``"auto"`` (or ``-1``): it becomes whatever makes the product equal the
+    world size. By default ``dp_shard`` is that one.
+
+    Example:
+        >>> layout = ParallelLayout(tp=2).resolve(world_size=8)
+        >>> layout.dp_shard, layout.data_parallel_size, layout.data_parallel_rank(5)
+        (4, 4, 2)
+
+    Raises:
+        TypeError/ValueError: a size that is not a positive int, ``"auto"`` or ``-1``, or two
+            sizes left to infer.
+    """
+
+    def __init__(
+        self, *, dp_replicate: int | str = 1, dp_shard: int | str = AUTO, tp: int | str = 1, cp: int | str = 1
+    ) -> None:
+        sizes = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "cp": cp}
+        for name, value in sizes.items():
+            sizes[name] = _check_size(name, value)
+        inferred = [name for name, value in sizes.items() if value == AUTO]
+        if len(inferred) > 1:
+            raise ValueError(
+                f"ParallelLayout can infer one size from the world size, but {' and '.join(inferred)} are both "
+                f"'auto'/-1. Give all but one of them as numbers, e.g. "
+                f"ParallelLayout({inferred[0]}=2, {inferred[1]}='auto')."
+            )
+        self.dp_replicate: int | str = sizes["dp_replicate"]
+        self.dp_shard: int | str = sizes["dp_shard"]
+        self.tp: int | str = sizes["tp"]
+        self.cp: int | str = sizes["cp"]
+        self._mesh: Any = None
+
+    # -- sizes ---------------------------------------------------------------------------------
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every size is a number (after :meth:`resolve`)."""
+        return AUTO not in (self.dp_replicate, self.dp_shard, self.tp, self.cp)
+
+    def _sizes(self) -> tuple[int, int, int, int]:
+        if not self.is_resolved:
+            raise RuntimeError(f"{self!r} has a size left to infer; call resolve(world_size) first.")
+        return int(self.dp_replicate), int(self.dp_shard), int(self.cp), int(self.tp)
+
+    @property
+    def world_size(self) -> int:
+        r, s, c, t = self._sizes()
+        return r * s * c * t
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that read different data: ``dp_replicate x dp_shard``."""
+        r, s, _, _ = self._sizes()
+        return r * s
+
+    def resolve(self, world_size: int) -> ParallelLayout:
+        """This layout with the ``"auto"`` size filled in for ``world_size`` ranks, checked.
+
+        Raises:
+            ValueError: the sizes cannot multiply to ``world_size``; the message names a fix.
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}.")
+        sizes = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "cp": self.cp}
+        known = 1
+        for value in sizes.values():
+            if value != AUTO:
+                known *= int(value)
+        inferred = [name for name, value in sizes.items() if value == AUTO]
+        if inferred:
+            if world_size % known:
+                given = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != AUTO and v != 1) or "1"
+                raise ValueError(
+                    f"The parallel layout cannot fill {inferred[0]}='auto' for {world_size} processes: the other "
+                    f"sizes ({given} = {known}) do not divide {world_size}. Use sizes whose product divides the "
+                    f"number of processes, or start a multiple of {known} processes."
+                )
+            sizes[inferred[0]] = world_size // known
+        elif known != world_size:
+            product = " x ".join(f"{k}={v}" for k, v in sizes.items())
+            hint = ""
+            others = known // int(sizes["dp_shard"])
+            if world_size % others == 0:
+                hint = f" (here dp_shard={world_size // others})"
+            raise ValueError(
+                f"The parallel layout {product} = {known} processes, but the job has {world_size}. Make the sizes "
+                f"multiply to {world_size}{hint}, or set one of them to 'auto' (-1) to infer it, or start "
+                f"{known} processes (devices=/num_nodes=, or your launcher's process count)."
+            )
+        return ParallelLayout(
+            dp_replicate=int(sizes["dp_replicate"]),
+            dp_shard=int(sizes["dp_shard"]),
+            tp=int(sizes["tp"]),
+            cp=int(sizes["cp"]),
+        )
+
+    def check_device(self, device_type: str) -> None:
+        """Raise ``ValueError`` if the layout cannot run on ``device_type`` devices.
+
+        Context parallelism splits attention over ranks through torch's CUDA SDPA kernels (flash
+        or memory-efficient attention with ring exchanges); there is no CPU/gloo implementation.
+        """
+        if self.cp != 1 and device_type != "cuda":
+            raise ValueError(
+                f"cp={self.cp} (context parallel) needs CUDA GPUs: torch's context parallelism runs attention "
+                f"through the CUDA scaled-dot-product-attention kernels (flash / memory-efficient) over NCCL, which "
+                f"{device_type!r} devices do not have. Use cp=1 (cp_size=1) on {device_type!r}, or run on CUDA "
+                f"devices (accelerator='cuda')."
+            )
+
+    # -- where a rank stands -------------------------------------------------------------------
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """The position of global ``rank`` along each dimension of the mesh (rank-major order)."""
+        r, s, c, t = self._sizes()
+        if not 0 <= rank < r * s * c * t:
+            raise ValueError(f"rank {rank} is outside this layout's {r * s * c * t} ranks.")
+        return {
+            "dp_replicate": rank // (s * c * t),
+            "dp_shard": rank // (c * t) % s,
+            "context_parallel": rank // t % c,
+            "tensor_parallel": rank % t,
+        }
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which share of the data global ``rank`` reads (``0 .. data_parallel_size - 1``).
+
+        Ranks of one tensor- or context-parallel group read the same share.
+        """
+        where = self.coordinates(rank)
+        return where["dp_replicate"] * int(self.dp_shard) + where["dp_shard"]
+
+    # -- the device mesh -----------------------------------------------------------------------
+    def build_mesh(self, device_type: str) -> Any:
+        """Build (once) the torch ``DeviceMesh`` of this layout; every rank must call it.
+
+        Needs the default process group (the strategy's ``setup_environment`` makes it).
+        """
+        if self._mesh is not None:
+            return self._mesh
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        r, s, c, t = self._sizes()
+        if not dist.is_initialized() or dist.get_world_size() != r * s * c * t:
+            have = dist.get_world_size() if dist.is_initialized() else "no process group"
+            raise RuntimeError(
+                f"The device mesh of {self!r} needs a process group of {r * s * c * t} ranks ({have}). Build it "
+                f"after the strategy's setup_environment()."
+            )
+        self.check_device(device_type)
+        mesh = init_device_mesh(device_type, (r, s, c, t), mesh_dim_names=DIMENSIONS)
+        mesh["dp_replicate", "dp_shard"]._flatten("data_parallel")
+        if c > 1:
+            mesh["dp_shard", "context_parallel"]._flatten("dp_shard_cp")
+        self._mesh = mesh
+        return mesh
+
+    @property
+    def mesh(self) -> Any:
+        """The device mesh, once :meth:`build_mesh` made it."""
+        if self._mesh is None:
+            raise RuntimeError(
+                "The device mesh is not built yet: it is made when the strategy sets up its processes "
+                "(Trainer.fit / Accelerator(...)), before configure_model() runs."
+            )
+        return self._mesh
+
+    def submesh(self, name: str) -> Any:
+        """The 1-D sub-mesh ``name`` of this rank: one of :data:`SUBMESH_NAMES` or ``"dp"``/``"tp"``/``"cp"``.
+
+        Raises:
+            ValueError: an unknown name (the message lists the known ones).
+        """
+        canonical = ALIASES.get(name, name)
+        if canonical not in SUBMESH_NAMES:
+            raise ValueError(
+                f"The parallel layout has no sub-mesh {name!r}; use one of {', '.join(map(repr, SUBMESH_NAMES))} "
+                f"(or 'dp', 'tp', 'cp')."
+            )
+        mesh = self.mesh
+        if canonical == "dp_shard_cp" and int(self.cp) == 1:
+            canonical = "dp_shard"
+        return mesh[canonical]
+
+    def fsdp_mesh(self) -> Any:
+        """The mesh ``fully_shard`` shards over: ``dp_shard x cp`` ranks, 2-D with ``dp_replicate`` (HSDP)."""
+        mesh = self.mesh
+        shard = "dp_shard_cp" if int(self.cp) > 1 else "dp_shard"
+        if int(self.dp_replicate) > 1:
+            return mesh["dp_replicate", shard]
+        return mesh[shard]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ParallelLayout):
+            return NotImplemented
+        return (self.dp_replicate, self.dp_shard, self.tp, self.cp) == (
+            other.dp_replicate,
+            other.dp_shard,
+            other.tp,
+            other.cp,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.dp_replicate, self.dp_shard, self.tp, self.cp))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_mesh"] = None  # process groups do not cross processes
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelLayout(dp_replicate={self.dp_replicate!r}, dp_shard={self.dp_shard!r}, tp={self.tp!r}, "
+            f"cp={self.cp!r})"
+        )
+
+
+@dataclass
+class ParallelismConfig:
+    """Accelerate's ``ParallelismConfig``: the parallel layout under Accelerate's field names.
+
+    Pass it as ``Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))``.
+    Sizes left out are 1, as in Accelerate; one of them may be ``-1`` to infer it from the number
+    of processes. The product must equal the number of processes.
+
+    Args:
+        dp_replicate_size: copies of the sharded model (HSDP when > 1).
+        dp_shard_size: ranks that shard the model (FSDP2).
+        tp_size: ranks of one tensor-parallel group (give the Accelerator a ``tp_plan``).
+        cp_size: ranks of one context-parallel group (CUDA only).
+    """
+
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    tp_size: int | None = None
+    cp_size: int | None = None
+
+    def __post_init__(self) -> None:
+        self.to_layout()  # checks the values now, at construction
+
+    def to_layout(self) -> ParallelLayout:
+        """The :class:`ParallelLayout` with these sizes (``None`` -> 1, ``-1`` -> inferred)."""
+        sizes = {}
+        for field, name in (
+            ("dp_replicate_size", "dp_replicate"),
+            ("dp_shard_size", "dp_shard"),
+            ("tp_size", "tp"),
+            ("cp_size", "cp"),
+        ):
+            value = getattr(self, field)
+            try:
+                sizes[name] = _check_size(field, 1 if value is None else value)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"ParallelismConfig: {error}") from None
+        return ParallelLayout(**sizes)
+
+    @property
+    def total_size(self) -> int:
+        """The number of processes the sizes multiply to (a ``-1`` size counts as 1 until resolved)."""
+        total = 1
+        for value in (self.dp_replicate_size, self.dp_shard_size, self.tp_size, self.cp_size):
+            total *= 1 if value in (None, -1) else int(value)
+        return total
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return (self.dp_replicate_size or 1) > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return (self.dp_shard_size or 1) > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether the model is sharded (over ``dp_shard`` or ``cp`` ranks)."""
+        return self.dp_shard_enabled or self.cp_enabled
+
+    @property
+    def tp_enabled(self) -> bool:
+        return (self.tp_size or 1) > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return (self.cp_size or 1) > 1
+
+    @property
+    def dp_dim_names(self) -> tuple[str, ...]:
+        """The mesh dimensions whose ranks read different data."""
+        return ("dp_replicate", "dp_shard")
+
+
+def _check_size(name: str, value: Any) -> int | str:
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value == -1):
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name}= expects a positive int, 'auto' or -1, got {type(value).__name__} ({value!r})."
+        )
+    if value < 1:
+        raise ValueError(
+            f"{name}={value} is not a group size: use a positive int (1 turns that parallelism off), or "
+            f"'auto'/-1 to infer it from the number of processes."
+        )
+    return value
