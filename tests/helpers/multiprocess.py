@@ -48,23 +48,20 @@ def run_processes(
         env: extra environment variables for the ranks (torchrun's are set already).
         threads: torch intra-op threads per rank (1 keeps 2 ranks from fighting over 2 cores).
     """
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        world_size,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout),
-    )
     context = multiprocessing.get_context("fork")
     queue = context.SimpleQueue()
+    # The store is made after the ranks are forked and its port sent to them: a rank forked while
+    # the store's server thread held one of its locks inherited the lock held, and (now and then,
+    # with 4 ranks) never got through its own TCPStore client's constructor.
+    ports = context.SimpleQueue()
+    store: Any = None
     processes = [
         context.Process(
             target=_rank_main,
             args=(
                 rank,
                 world_size,
-                store.port,
+                ports,
                 function,
                 args,
                 queue,
@@ -84,6 +81,16 @@ def run_processes(
     try:
         for process in processes:
             process.start()
+        store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        for _ in processes:
+            ports.put(store.port)
         while len(results) + len(failures) < world_size:
             while not queue.empty():
                 kind, rank, payload = queue.get()
@@ -124,7 +131,7 @@ def run_processes(
 def _rank_main(
     rank: int,
     world_size: int,
-    port: int,
+    ports: Any,
     function: Callable[..., Any],
     args: tuple[Any, ...],
     queue: Any,
@@ -133,6 +140,7 @@ def _rank_main(
     threads: int,
     timeout: float,
 ) -> None:
+    port = ports.get()
     os.environ.update(
         {
             "RANK": str(rank),

@@ -11,7 +11,7 @@ from drivetrain.strategies import ModelParallelStrategy, ParallelismConfig, Para
 
 def test_one_size_is_inferred_from_the_world_size() -> None:
     assert ParallelLayout(tp=2).resolve(8) == ParallelLayout(dp_replicate=1, dp_shard=4, tp=2, cp=1)
-    assert ParallelLayout(dp_replicate=2, dp_shard=2, tp="auto").resolve(8).tp == 4
+    assert ParallelLayout(dp_replicate=2, dp_shard=2, tp="auto").resolve(16).tp == 4
     assert ParallelLayout(dp_shard=2, dp_replicate=-1).resolve(6).dp_replicate == 3
     resolved = ParallelLayout(dp_replicate=2, dp_shard=2, tp=2).resolve(8)
     assert (resolved.world_size, resolved.data_parallel_size) == (8, 4)

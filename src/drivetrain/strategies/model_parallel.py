@@ -131,7 +131,8 @@ class ModelParallelStrategy(FSDPStrategy):
             stall_timeout=stall_timeout,
             debug_collectives=debug_collectives,
         )
-        self._lightning_auto = False
+        # None: Lightning's "auto" for both sizes, resolved once the devices and nodes are known.
+        self._requested: ParallelLayout | None = None
         if layout is not None:
             if not isinstance(layout, ParallelLayout):
                 raise TypeError(
@@ -144,10 +145,8 @@ class ModelParallelStrategy(FSDPStrategy):
                     f"tensor_parallel_size={tensor_parallel_size!r}; they set the same sizes. Give only the layout."
                 )
             self._requested = layout
-        else:
-            # Checked now; "auto" for both is resolved as Lightning does once the devices are known.
+        elif (data_parallel_size, tensor_parallel_size) != (AUTO, AUTO):
             self._requested = ParallelLayout(dp_shard=data_parallel_size, tp=tensor_parallel_size)
-            self._lightning_auto = (data_parallel_size, tensor_parallel_size) == (AUTO, AUTO)
         if tp_plan is not None:
             from drivetrain.strategies.tensor_parallel import resolve_plan
 
@@ -158,9 +157,7 @@ class ModelParallelStrategy(FSDPStrategy):
     # -- the layout --------------------------------------------------------------------------
     def connect_plugins(self, **plugins: Any) -> None:
         super().connect_plugins(**plugins)
-        requested = self._requested
-        if self._lightning_auto:
-            requested = ParallelLayout(dp_shard=self.num_nodes, tp=self.num_processes)
+        requested = self._requested or ParallelLayout(dp_shard=self.num_nodes, tp=self.num_processes)
         layout = requested.resolve(self.world_size)
         layout.check_device(self.parallel_devices[0].type)
         self._layout = layout
@@ -313,7 +310,7 @@ class ModelParallelStrategy(FSDPStrategy):
         )
 
     def __repr__(self) -> str:
-        layout = self._layout if self._layout is not None else self._requested
+        layout = self._layout or self._requested or "auto"
         return f"ModelParallelStrategy({layout!r}, precision={self._precision!r})"
 
 
