@@ -161,7 +161,7 @@ def test_config_default_writes_the_flags_without_asking(
             "cannot be shared equally by 2 machines",
         ),
         (["config", "--default", "--num_machines", "2", "--num_processes", "2"], "need main_process_ip"),
-        (["config", "--default", "--mixed_precision", "fp8"], "mixed_precision"),
+        (["config", "--default", "--mixed_precision", "fp4"], "mixed_precision"),
         (["config", "--default", "--cpu", "--accelerator", "cuda"], "--cpu asks for the CPU"),
         (
             ["config", "--default", "--gradient_accumulation_steps", "0"],
@@ -180,7 +180,7 @@ def test_config_default_writes_the_flags_without_asking(
             ["launch", "--multi_gpu", "--num_processes", "1", "SCRIPT"],
             "--multi_gpu asks for several processes",
         ),
-        (["launch", "--mixed_precision", "fp8", "SCRIPT"], "--mixed_precision"),
+        (["launch", "--mixed_precision", "fp4", "SCRIPT"], "--mixed_precision"),
         (["launch", "--config_file", "missing.yaml", "SCRIPT"], "missing.yaml does not exist"),
     ],
 )

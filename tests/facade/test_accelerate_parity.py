@@ -283,8 +283,8 @@ def test_accelerate_variables_are_defaults_the_arguments_override(
     ):
         dt.Accelerator()
     monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
-    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp8' is not supported"):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp4")
+    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp4' is not supported"):
         dt.Accelerator()
 
 

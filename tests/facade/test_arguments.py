@@ -65,8 +65,10 @@ def test_fp16_on_cpu_is_real_loss_scaled_mixed_precision() -> None:
 def test_conflicting_and_unknown_settings_are_errors() -> None:
     with pytest.raises(ValueError, match="precision is set twice and the settings disagree"):
         dt.Accelerator(cpu=True, mixed_precision="fp16", precision="bf16-mixed")
-    with pytest.raises(ValueError, match="mixed_precision='fp8' is not supported"):
-        dt.Accelerator(cpu=True, mixed_precision="fp8")
+    with pytest.raises(
+        ValueError, match="mixed_precision='fp4' is not supported; use one of 'no', 'fp16', 'bf16', 'fp8'"
+    ):
+        dt.Accelerator(cpu=True, mixed_precision="fp4")
     with pytest.raises(ValueError, match="cpu=True asks for the CPU, but accelerator='cuda'"):
         dt.Accelerator(cpu=True, accelerator="cuda")
     with pytest.raises(

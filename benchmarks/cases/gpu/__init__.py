@@ -3,7 +3,9 @@
 
 Tokens/s and MFU (model FLOPs per second over the card's measured bf16 matmul rate) for raw
 PyTorch, drivetrain's two front doors, Lightning and Accelerate; then one-GPU DDP against FSDP2,
-raw and through drivetrain's Trainer. Runs only where CUDA is present; ``--gpu-dry-run`` runs the
+raw and through drivetrain's Trainer; then the Trainer with ``precision="fp8"`` (torchao float8
+linear layers) against its bf16 row, where the GPU has float8 (compute capability 8.9+). Runs
+only where CUDA is present; ``--gpu-dry-run`` runs the
 same scripts on the CPU with a tiny model and a trace-only compile, to check the wiring (no MFU,
 and its times mean nothing).
 """
@@ -49,6 +51,20 @@ def cuda_available(python: str) -> bool:
     return probe.stdout.strip() == "True"
 
 
+def float8_available(python: str) -> bool:
+    """A GPU with float8 tensor cores (compute capability 8.9+) and torchao installed."""
+    probe = subprocess.run(
+        [
+            python,
+            "-c",
+            "import torch, torchao; print(torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return probe.stdout.strip() == "True"
+
+
 def variants(context: Context) -> tuple[list[Variant], list[list[str]]]:
     """All variants in run order, and the loss groups (first member: the group's reference).
 
@@ -84,8 +100,22 @@ def variants(context: Context) -> tuple[list[Variant], list[list[str]]]:
         ),
     ]
     eager, compiled = front_doors(False), front_doors(True)
+    # FP8 against the Trainer's bf16 row (the eager group's drivetrain_trainer).
+    float8: list[Variant] = []
+    if not context.gpu_dry_run and float8_available(context.python):
+        float8 = context.per_source(
+            Variant(
+                "drivetrain_fp8",
+                'drivetrain Trainer(precision="fp8")',
+                (context.python, str(SCRIPTS / "drivetrain_trainer.py")),
+                {"precision": "fp8"},
+            )
+        )
     groups = [[v.name for v in eager], [v.name for v in compiled], [v.name for v in parallel]]
-    return [*eager, *parallel, *compiled], groups
+    bf16_trainer = next((v.name for v in eager if v.name.startswith("drivetrain_trainer")), None)
+    if float8 and bf16_trainer is not None:
+        groups.append([bf16_trainer, *(v.name for v in float8)])
+    return [*eager, *parallel, *float8, *compiled], groups
 
 
 def run(context: Context) -> CaseResult:
@@ -134,11 +164,13 @@ def run(context: Context) -> CaseResult:
     peak = ceiling["tflops"] * 1e12 if ceiling else None
     _add_mfu(stats, samples, peak)
     result.description = _describe(config, ceiling, rel_tol, samples)
-    for title, group in (
-        ("Front doors, eager", groups[0]),
-        ("Front doors, torch.compile", groups[1]),
-        ("One GPU: DDP vs FSDP2", groups[2]),
-    ):
+    titles = [
+        "Front doors, eager",
+        "Front doors, torch.compile",
+        "One GPU: DDP vs FSDP2",
+        "FP8 vs bf16 (Trainer)",
+    ]
+    for title, group in zip(titles, groups):
         measurements = _measurements(group, stats, samples)
         result.measurements += measurements
         result.tables.append(_table(title, stats, group, measurements))
@@ -153,6 +185,15 @@ def run(context: Context) -> CaseResult:
     if rounds < 3:
         result.notes.append(
             f"{rounds} round(s) per variant: an interval needs 3 or more (README: 'On a CUDA machine')."
+        )
+    if len(groups) < 4 and not dry:
+        result.notes.append(
+            "No FP8 row: this GPU has no float8 (compute capability < 8.9) or torchao is missing."
+        )
+    elif not dry:
+        result.notes.append(
+            "FP8 row: torchao float8 linear layers (tensorwise recipe; first and last linear layers kept in bf16); "
+            "its MFU is counted against the measured bf16 matmul rate, like the other rows."
         )
     result.notes.append(
         'No drivetrain DDP row: drivetrain refuses strategy="ddp" with one device (a one-process DDP '

@@ -1,6 +1,7 @@
 """drivetrain's Trainer training the GPT, ``precision="bf16-mixed"``, optional ``torch.compile``.
 
-The config's ``strategy`` (default ``"auto"``) also runs it as one-process ``ddp`` or ``fsdp``.
+The config's ``strategy`` (default ``"auto"``) also runs it as one-process ``ddp`` or ``fsdp``;
+its ``precision`` (default ``"bf16-mixed"``) as ``"fp8"`` (torchao float8 linear layers).
 """
 
 import drivetrain as dt
@@ -34,7 +35,7 @@ def main() -> None:
         accelerator="cpu" if config.get("dry_run") else "cuda",
         devices=1,
         strategy=config.get("strategy", "auto"),
-        precision="bf16-mixed",
+        precision=config.get("precision", "bf16-mixed"),
         max_steps=config["total_steps"],
         max_epochs=1,
         enable_progress_bar=False,

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         ProjectConfiguration,
     )
     from drivetrain.utils.kwargs_handlers import (
+        AORecipeKwargs,
         AutocastKwargs,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
         ProfileKwargs,
     )
 
-_MIXED_PRECISION = ("no", "fp16", "bf16")
+_MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Handlers:
     process_group: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
     profile: ProfileKwargs | None = None
+    fp8: AORecipeKwargs | None = None
 
 
 def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
@@ -57,6 +59,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
         ValueError: two handlers of the same kind.
     """
     from drivetrain.utils.kwargs_handlers import (
+        AORecipeKwargs,
         AutocastKwargs,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
@@ -78,6 +81,7 @@ def sort_handlers(kwargs_handlers: Sequence[Any] | None) -> Handlers:
         InitProcessGroupKwargs: "process_group",
         AutocastKwargs: "autocast",
         ProfileKwargs: "profile",
+        AORecipeKwargs: "fp8",
     }
     for handler in kwargs_handlers:
         field = fields.get(type(handler))
@@ -271,7 +275,7 @@ def _strategy_options(handlers: Handlers) -> dict[str, Any]:
 
 
 def _precision_options(handlers: Handlers) -> dict[str, Any]:
-    """GradScalerKwargs and AutocastKwargs as the precision's constructor arguments.
+    """GradScalerKwargs, AutocastKwargs and AORecipeKwargs as the precision's constructor arguments.
 
     A precision without a loss scaler or without autocast has no use for them; ``connect()`` (or
     the precision) says so in a warning naming ``scaler_kwargs`` / ``autocast_kwargs``.
@@ -281,6 +285,12 @@ def _precision_options(handlers: Handlers) -> dict[str, Any]:
         options["scaler_kwargs"] = handlers.scaler.to_kwargs()
     if handlers.autocast is not None and handlers.autocast.to_kwargs():
         options["autocast_kwargs"] = handlers.autocast.to_kwargs()
+    if handlers.fp8 is not None:
+        recipe = handlers.fp8.to_kwargs()
+        if "config" in recipe:
+            options["config"] = recipe["config"]
+        if "module_filter_func" in recipe:
+            options["module_filter_fn"] = recipe["module_filter_func"]
     return options
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.plugins.precision import (
         DeepSpeedPrecision,
         DoublePrecision,
+        Float8Precision,
         HalfPrecision,
         MixedPrecision,
         Precision,
@@ -46,6 +47,7 @@ _SUBPACKAGE = {
     "TorchCheckpointIO": "io",
     "DeepSpeedPrecision": "precision",
     "DoublePrecision": "precision",
+    "Float8Precision": "precision",
     "HalfPrecision": "precision",
     "MixedPrecision": "precision",
     "Precision": "precision",
@@ -58,6 +60,7 @@ __all__ = [
     "ClusterEnvironment",
     "DeepSpeedPrecision",
     "DoublePrecision",
+    "Float8Precision",
     "HalfPrecision",
     "KubeflowEnvironment",
     "LSFEnvironment",

@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.utils.data_loader import prepare_data_loader
     from drivetrain.utils.environment import patch_environment
     from drivetrain.utils.kwargs_handlers import (
+        AORecipeKwargs,
         AutocastKwargs,
         DDPCommunicationHookType,
         DistributedDataParallelKwargs,
@@ -96,6 +97,7 @@ __getattr__, __dir__ = lazy_exports(
         "PrecisionType": "drivetrain.utils.configuration",
         "ProjectConfiguration": "drivetrain.utils.configuration",
         "RNGType": "drivetrain.utils.configuration",
+        "AORecipeKwargs": "drivetrain.utils.kwargs_handlers",
         "AutocastKwargs": "drivetrain.utils.kwargs_handlers",
         "DDPCommunicationHookType": "drivetrain.utils.kwargs_handlers",
         "DistributedDataParallelKwargs": "drivetrain.utils.kwargs_handlers",
@@ -142,6 +144,7 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",

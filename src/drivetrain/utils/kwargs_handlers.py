@@ -99,6 +99,31 @@ class AutocastKwargs(KwargsHandler):
 
 
 @dataclasses.dataclass
+class AORecipeKwargs(KwargsHandler):
+    """Options for ``mixed_precision="fp8"`` (torchao's float8 training), as in Accelerate.
+
+    Args:
+        config: a ``torchao.float8.Float8LinearConfig`` (e.g.
+            ``Float8LinearConfig.from_recipe_name("rowwise")``); default: the ``"tensorwise"`` recipe.
+        module_filter_func: ``(module, fully_qualified_name) -> bool``, which linear layers train in
+            float8; default: all but the first and the last. Layers whose sizes are not multiples of
+            16 are never converted.
+
+    Example:
+        >>> from drivetrain.utils import AORecipeKwargs
+        >>> handler = AORecipeKwargs(module_filter_func=lambda module, fqn: "head" not in fqn)
+    """
+
+    config: Any = None
+    module_filter_func: Any = None
+
+    def to_kwargs(self) -> dict[str, Any]:
+        # Not dataclasses.asdict: it would turn the torchao config (a dataclass) into a dict.
+        given = {"config": self.config, "module_filter_func": self.module_filter_func}
+        return {name: value for name, value in given.items() if value is not None}
+
+
+@dataclasses.dataclass
 class ProfileKwargs(KwargsHandler):
     """Options for ``torch.profiler.profile`` in :meth:`drivetrain.Accelerator.profile`.
 

@@ -14,6 +14,8 @@ bf16-mixed     param bf16, reduce float32          autocast (keeps softmax/losse
 16-true,       none (the model is built in 16      unchanged
 bf16-true      bits, so its shards already are)
 64-true        none                                unchanged
+fp8            param bf16, reduce float32          autocast; the float8 layers cast the gathered
+                                                   bf16 weights to float8 in each matmul
 =============  ==================================  ===========================================
 """
 
@@ -26,7 +28,7 @@ import torch
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.plugins.precision.precision import Precision
 
-_PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+_PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "fp8": torch.bfloat16}
 
 
 def fsdp_mixed_precision_policy(precision: Precision) -> Any | None:

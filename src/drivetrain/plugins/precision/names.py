@@ -16,6 +16,7 @@ from typing import Any
 from drivetrain._utilities.registry import Registry, did_you_mean
 from drivetrain.plugins.precision.amp import MixedPrecision
 from drivetrain.plugins.precision.double import DoublePrecision
+from drivetrain.plugins.precision.fp8 import Float8Precision
 from drivetrain.plugins.precision.half import HalfPrecision
 from drivetrain.plugins.precision.precision import Precision
 
@@ -26,6 +27,7 @@ CANONICAL_PRECISIONS: tuple[str, ...] = (
     "bf16-mixed",
     "16-true",
     "bf16-true",
+    "fp8",
 )
 
 #: Other accepted spellings → the canonical name they mean.
@@ -62,6 +64,11 @@ PrecisionRegistry.register(
 )
 PrecisionRegistry.register(
     "bf16-true", HalfPrecision, description="bfloat16 weights, inputs and compute", precision="bf16-true"
+)
+PrecisionRegistry.register(
+    "fp8",
+    Float8Precision,
+    description="float8 linear layers (torchao, drivetrain[fp8]; CUDA compute capability 8.9+), bfloat16 autocast",
 )
 
 

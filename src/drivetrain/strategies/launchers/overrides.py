@@ -107,9 +107,9 @@ def accelerate_variables() -> AccelerateVariables:
         ValueError: a variable holds a value it cannot have.
     """
     precision = _value("ACCELERATE_MIXED_PRECISION")
-    if precision is not None and precision.lower() not in ("no", "fp16", "bf16"):
+    if precision is not None and precision.lower() not in ("no", "fp16", "bf16", "fp8"):
         raise ValueError(
-            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported; use 'no', 'fp16' or 'bf16' (or unset it "
+            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported; use 'no', 'fp16', 'bf16' or 'fp8' (or unset it "
             f"and pass drivetrain.Accelerator(precision=...))."
         )
     steps = _value("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
