@@ -15,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
+from torch import nn
 
+from drivetrain._utilities.log import get_logger
 from drivetrain._utilities.registry import RegistryEntry
 from drivetrain.accelerators import (
     Accelerator,
@@ -40,6 +42,7 @@ from drivetrain.strategies.launchers.overrides import (
     launched_accelerator,
     launched_precision,
 )
+from drivetrain.strategies.memory_estimate import AutoStrategyChoice
 
 _COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
 
@@ -490,6 +493,74 @@ def _check_interactive_session(
         f"strategy={name} {how} (a Jupyter notebook, IPython or `python -i`). Use strategy='ddp_notebook' "
         f"(DDP with processes forked from this session; other strategies take start_method='fork'), or run "
         f"the code as a script (`python train.py`)."
+    )
+
+
+def fit_auto_strategy(strategy: Strategy, module: nn.Module) -> tuple[Strategy, AutoStrategyChoice | None]:
+    """For ``strategy="auto"`` on several processes: keep DDP, or build FSDP when DDP would not fit the device.
+
+    Called by a front door once the model is known and before the processes start, with the
+    strategy ``connect(strategy="auto", ...)`` returned. DDP keeps a full copy of the weights,
+    gradients and optimizer states (Adam assumed) on every process; when that is more than the
+    hardware accelerator's :meth:`~drivetrain.accelerators.Accelerator.training_memory`, an
+    :class:`~drivetrain.strategies.FSDPStrategy` with the same accelerator, precision, checkpoint
+    IO, cluster environment, devices and process-group settings is returned instead, and the
+    reason is logged (one info line on rank 0) whenever a limit was weighed.
+
+    Returns:
+        The strategy to use (``strategy`` itself or a new FSDP one) and the choice (see
+        :func:`auto_strategy_choice`).
+    """
+    from drivetrain.strategies.fsdp import FSDPStrategy
+
+    choice = auto_strategy_choice(strategy, module)
+    if choice is None:
+        return strategy, None
+    if choice.limit is not None:  # with no limit known nothing was weighed: DDP, as always
+        get_logger(__name__).info(choice.reason)
+    if choice.strategy == "ddp":
+        return strategy, choice
+    assert isinstance(strategy, DDPStrategy)
+    sharded = FSDPStrategy(
+        checkpoint_io=strategy.given_plugins().get("checkpoint_io"),
+        num_nodes=strategy.num_nodes,
+        start_method=strategy.start_method,
+        process_group_backend=strategy.process_group_backend,
+        timeout=strategy.timeout,
+        stall_timeout=strategy.stall_timeout,
+        debug_collectives=strategy.debug_collectives,
+    )
+    sharded.connect_plugins(
+        accelerator=strategy.accelerator,
+        precision=strategy.precision,
+        checkpoint_io=None,
+        cluster_environment=strategy.cluster_environment,
+        parallel_devices=strategy.parallel_devices,
+        num_nodes=strategy.num_nodes,
+    )
+    sharded.check_accelerator(strategy.accelerator)
+    return sharded, choice
+
+
+def auto_strategy_choice(strategy: Strategy, module: nn.Module) -> AutoStrategyChoice | None:
+    """What ``strategy="auto"`` makes of ``strategy`` (what ``connect`` built) for ``module``, and why.
+
+    The estimate counts parameter shapes only (a model on the meta device works; see
+    :mod:`drivetrain.strategies.memory_estimate`). ``None`` where there is no choice to make: one
+    process, a strategy other than the DDP that ``"auto"`` builds, or processes forked from a
+    notebook (``ddp_notebook``), where reading a GPU's size would start CUDA before the fork.
+    """
+    from drivetrain.strategies.memory_estimate import choose_data_parallel
+
+    if type(strategy) is not DDPStrategy or strategy.world_size < 2 or strategy.start_method != "popen":
+        return None
+    device = strategy.root_device
+    return choose_data_parallel(
+        module,
+        strategy.precision.name,
+        strategy.world_size,
+        strategy.accelerator.training_memory(device),
+        str(device),
     )
 
 

@@ -97,7 +97,7 @@ def test_a_model_of_any_size_is_built_without_memory(capsys: pytest.CaptureFixtu
         (["helpers.memory_models:not_a_module"], "gave a int, not a torch.nn.Module"),
         ([MODEL, "--init-args", "[1]"], "must be a JSON object"),
         ([MODEL, "--init-args", "{oops"], "Expecting property name"),
-        ([MODEL, "--precision", "fp8"], "fp8"),
+        ([MODEL, "--precision", "fp4"], "Unknown precision 'fp4'"),
         ([MODEL, "-n", "2", "--strategy", "single_device"], "single_device cannot run on 2 processes"),
     ],
 )

@@ -84,6 +84,15 @@ class Accelerator(ABC):
     def empty_cache(self) -> None:
         """Give memory that the device's caching allocator holds but does not use back; a no-op by default."""
 
+    def training_memory(self, device: torch.device) -> tuple[int, str] | None:
+        """Bytes one process may fill with its training state on ``device``, and where that figure comes from.
+
+        ``strategy="auto"`` reads it to choose FSDP over DDP when a full copy of the weights,
+        gradients and optimizer states per process would not fit. ``None`` (the default): not
+        known, and ``"auto"`` stays with DDP.
+        """
+        return None
+
     # -- random generators, for checkpoints -------------------------------------------------
     def get_rng_state(self) -> Any:
         """The state of this hardware's own random generators, or ``None`` when it has none.

@@ -9,8 +9,12 @@ from typing import Any
 
 import torch
 
+from drivetrain._utilities.sizes import parse_size
 from drivetrain.accelerators.accelerator import Accelerator
 from drivetrain.accelerators.devices import parse_process_count
+
+#: The environment variable that sets :class:`CPUAccelerator`'s default ``memory_limit``.
+MEMORY_LIMIT_VARIABLE = "DRIVETRAIN_CPU_MEMORY_LIMIT"
 
 
 class CPUAccelerator(Accelerator):
@@ -18,9 +22,16 @@ class CPUAccelerator(Accelerator):
 
     There is one CPU device; ``devices=N`` starts N processes that each use it, so
     :meth:`parse_devices` returns a process count rather than device indices.
+
+    Args:
+        memory_limit: the memory one process may fill with its training state (bytes, or a size
+            such as ``"8GiB"``), which ``strategy="auto"`` compares with what DDP would hold per
+            process (FSDP when it does not fit). Default: the ``DRIVETRAIN_CPU_MEMORY_LIMIT``
+            environment variable, and without it no limit (``"auto"`` stays with DDP).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory_limit: int | str | None = None) -> None:
+        self._memory_limit = None if memory_limit is None else parse_size(memory_limit, "memory_limit")
         # Baseline for the utilisation figure: each stats call reports the share of one core this
         # process used since the previous call (or since this accelerator was created).
         self._last_sample = _cpu_sample()
@@ -53,6 +64,19 @@ class CPUAccelerator(Accelerator):
                 f"CPUAccelerator.setup_device got device={device!r}, which is not a CPU device. "
                 f"Pass torch.device('cpu'), or use the accelerator that matches the device."
             )
+
+    def training_memory(self, device: torch.device) -> tuple[int, str] | None:
+        """``memory_limit``, else ``DRIVETRAIN_CPU_MEMORY_LIMIT``, else ``None`` (no limit set).
+
+        Raises:
+            ValueError: the environment variable holds no size.
+        """
+        if self._memory_limit is not None:
+            return self._memory_limit, "CPUAccelerator(memory_limit=...)"
+        value = os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip()
+        if not value:
+            return None
+        return parse_size(value, MEMORY_LIMIT_VARIABLE), f"{MEMORY_LIMIT_VARIABLE}={value}"
 
     def get_device_stats(self, device: torch.device | str = "cpu") -> dict[str, Any]:
         """Memory and utilisation of this process.

@@ -9,6 +9,10 @@ import torch
 from drivetrain.accelerators.accelerator import Accelerator
 from drivetrain.accelerators.devices import parse_device_indices
 
+#: The share of a GPU's memory ``strategy="auto"`` lets the training state take under DDP; the rest
+#: is left for activations, the CUDA context and the allocator's workspace.
+TRAINING_MEMORY_FRACTION = 0.8
+
 
 class CUDAAccelerator(Accelerator):
     """Runs on CUDA GPUs.
@@ -54,6 +58,18 @@ class CUDAAccelerator(Accelerator):
     def empty_cache(self) -> None:
         """Give cached, unused GPU memory back to the driver (a no-op before CUDA started)."""
         torch.cuda.empty_cache()
+
+    def training_memory(self, device: torch.device) -> tuple[int, str] | None:
+        """The GPU's total memory, less a margin for activations and the CUDA workspace.
+
+        Reads the device's properties, which starts CUDA in this process.
+        """
+        index = _cuda_device(device, "training_memory")
+        properties = torch.cuda.get_device_properties(index)
+        usable = int(properties.total_memory * TRAINING_MEMORY_FRACTION)
+        return usable, (
+            f"{TRAINING_MEMORY_FRACTION:.0%} of {properties.name}'s {properties.total_memory / 2**30:.1f} GiB"
+        )
 
     def synchronize(self, device: torch.device | None = None) -> None:
         """Wait for the kernels queued on ``device`` (the current GPU when ``None``)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
 import re
+import sys
 from typing import Any
 
 import torch
@@ -22,12 +24,93 @@ def add_env_command(commands: Any) -> None:
         "precisions, what accelerator/devices/strategy='auto' resolve to on this machine, and which optional "
         "extras (drivetrain[tensorboard], drivetrain[wandb] ...) are installed.",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also explain how strategy='auto' chooses between DDP and FSDP here (with --model: for that model)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="MODULE:CLASS",
+        default=None,
+        help="with --explain: the model to size (built on meta)",
+    )
+    parser.add_argument(
+        "--init-args", "--init_args", dest="init_args", default="{}", help="its keyword arguments, JSON"
+    )
+    parser.add_argument(
+        "-n",
+        "--devices",
+        type=int,
+        default=2,
+        help="with --explain --model: the processes to size for (default 2)",
+    )
+    parser.add_argument(
+        "--precision", default="32-true", help="with --explain --model: the precision (default 32-true)"
+    )
     parser.set_defaults(run=run_env)
 
 
 def run_env(args: argparse.Namespace) -> int:
+    if args.model is not None and not args.explain:
+        print("drivetrain env: --model is used with --explain; add --explain.", file=sys.stderr)
+        return 2
     print(describe_environment())
+    if args.explain:
+        try:
+            lines = explain_auto_strategy(args.model, args.init_args, args.devices, args.precision)
+        except (ValueError, TypeError) as error:
+            print(f"drivetrain env --explain: {error}", file=sys.stderr)
+            return 2
+        print("\n".join(["", "How strategy='auto' chooses here:", *(f"  {line}" for line in lines)]))
     return 0
+
+
+def explain_auto_strategy(model: str | None, init_args: str, devices: int, precision: str) -> list[str]:
+    """The rule ``strategy="auto"`` follows, this machine's memory limit, and (given a model) its choice.
+
+    Raises:
+        ValueError: a model that cannot be built, bad ``init_args`` or a device count below 2.
+    """
+    from drivetrain.accelerators.cpu import MEMORY_LIMIT_VARIABLE
+    from drivetrain.cli.estimate_memory import build_model
+    from drivetrain.connector import auto_strategy_choice, connect
+    from drivetrain.strategies.memory_estimate import format_bytes
+
+    lines = [
+        "one process: SingleDeviceStrategy; XLA devices: 'xla'; several processes: DDP, unless the training "
+        "state DDP keeps on every process (weights + gradients + Adam states, counted from parameter shapes) "
+        "exceeds the device's training memory: then FSDP, which shards it. The choice is made when fit() "
+        "gets the model (an info line on rank 0 gives the reason).",
+    ]
+    strategy = connect()
+    device = strategy.root_device
+    memory = strategy.accelerator.training_memory(device)
+    strategy.teardown()
+    if memory is None:
+        lines.append(
+            f"training memory of {device}: not known, so DDP always (on CPU set {MEMORY_LIMIT_VARIABLE}=8GiB, or "
+            f"pass accelerator=CPUAccelerator(memory_limit='8GiB'))."
+        )
+    else:
+        lines.append(f"training memory of {device}: {format_bytes(memory[0])} ({memory[1]}).")
+    if model is None:
+        return lines
+    arguments = json.loads(init_args)
+    if not isinstance(arguments, dict):
+        raise ValueError("--init-args must be a JSON object of keyword arguments, e.g. '{\"width\": 64}'.")
+    if devices < 2:
+        raise ValueError(
+            f"--devices {devices}: 'auto' only chooses between DDP and FSDP for 2 or more processes."
+        )
+    built = build_model(model, arguments)
+    sized = connect(devices=devices, precision=precision)
+    try:
+        choice = auto_strategy_choice(sized, built)
+    finally:
+        sized.teardown()
+    lines.append(f"{model} on {devices} processes: " + (choice.reason if choice else "no choice to make."))
+    return lines
 
 
 def describe_environment() -> str:

@@ -8,19 +8,8 @@ training state, without activations, buffers, the data, or the framework's own w
     drivetrain estimate-memory mypackage.model:Transformer --init-args '{"layers": 48}' \\
         --num-processes 8 --strategy ddp fsdp deepspeed_stage_3 --precision 32-true bf16-mixed
 
-How the bytes are counted (``P`` trainable parameters, ``F`` frozen ones, ``N`` processes; Adam
-keeps 2 states per parameter, SGD with momentum 1, plain SGD 0; ``s`` = bytes of a state):
-
-* precision: ``64-true`` 8 bytes a weight; ``32-true``, ``16-mixed``, ``bf16-mixed`` 4 (autocast
-  computes in 16 bits but keeps 32-bit weights, gradients and states); ``16-true``, ``bf16-true``
-  2, states too;
-* ``ddp`` (and one process): everything on every process;
-* ``fsdp``: weights, gradients and states sharded over the ``N`` processes; ``fsdp_cpu_offload``
-  keeps them in CPU memory;
-* ``deepspeed_stage_1/2/3``: with a 16-bit precision DeepSpeed keeps 16-bit weights and gradients
-  plus 32-bit master weights and states (``4 + 8`` bytes for Adam); stage 1 shards the states,
-  stage 2 also the gradients, stage 3 also the weights; ``_offload`` moves the states (and in
-  stage 3 the weights) to CPU memory.
+How the bytes are counted: see :mod:`drivetrain.strategies.memory_estimate`, the estimator
+``strategy="auto"`` also uses to choose between DDP and FSDP.
 """
 
 from __future__ import annotations
@@ -33,95 +22,27 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies.memory_estimate import (
+    OPTIMIZER_STATES,
+    STRATEGIES,
+    Estimate,
+    count_parameters,
+    estimate,
+    format_bytes,
+)
+
 if TYPE_CHECKING:  # torch is imported when a model is built: `drivetrain --help` stays quick
     from torch import nn
 
-STRATEGIES = (
-    "single_device",
-    "ddp",
-    "fsdp",
-    "fsdp_cpu_offload",
-    "deepspeed_stage_1",
-    "deepspeed_stage_2",
-    "deepspeed_stage_2_offload",
-    "deepspeed_stage_3",
-    "deepspeed_stage_3_offload",
-)
-OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1}
-_WEIGHT_BYTES = {"64-true": 8, "32-true": 4, "16-mixed": 4, "bf16-mixed": 4, "16-true": 2, "bf16-true": 2}
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """Bytes per process: on the device (weights, gradients, optimizer states) and in CPU memory."""
-
-    strategy: str
-    precision: str
-    weights: float
-    gradients: float
-    optimizer: float
-    cpu: float
-
-    @property
-    def device_total(self) -> float:
-        return self.weights + self.gradients + self.optimizer
-
-
-def estimate(
-    trainable: int, frozen: int, strategy: str, precision: str, num_processes: int, optimizer: str = "adam"
-) -> Estimate:
-    """The training state's bytes per process (see the module docstring for the rules).
-
-    Raises:
-        ValueError: an unknown strategy, precision or optimizer, or a process count that does not fit.
-    """
-    from drivetrain.plugins.precision import canonical_precision
-
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; estimate-memory knows {', '.join(STRATEGIES)}.")
-    precision = canonical_precision(precision)
-    if precision not in _WEIGHT_BYTES:
-        raise ValueError(f"precision {precision!r} has no estimate; use one of {', '.join(_WEIGHT_BYTES)}.")
-    if optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATES)}.")
-    if num_processes < 1 or (strategy == "single_device" and num_processes != 1):
-        raise ValueError(f"{strategy} cannot run on {num_processes} processes.")
-    states = OPTIMIZER_STATES[optimizer]
-    n = num_processes
-    total = trainable + frozen
-    if strategy.startswith("deepspeed"):
-        stage = int(strategy.split("_")[2])
-        sixteen_bit = _WEIGHT_BYTES[precision] == 2 or precision in ("16-mixed", "bf16-mixed")
-        weight = 2 if sixteen_bit else _WEIGHT_BYTES[precision]
-        # 16-bit training keeps a 32-bit master copy beside the states (none is needed in 32 bits).
-        state = trainable * ((4 + 4 * states) if sixteen_bit else weight * states)
-        weights = total * weight / (n if stage == 3 else 1)
-        gradients = trainable * weight / (n if stage >= 2 else 1)
-        optimizer_bytes = state / n
-        cpu = 0.0
-        if strategy.endswith("offload"):
-            cpu, optimizer_bytes = optimizer_bytes, 0.0
-            if stage == 3:
-                cpu, weights = cpu + weights, 0.0
-        return Estimate(strategy, precision, weights, gradients, optimizer_bytes, cpu)
-    weight = _WEIGHT_BYTES[precision]
-    weights, gradients, optimizer_bytes = total * weight, trainable * weight, trainable * weight * states
-    if strategy.startswith("fsdp"):
-        weights, gradients, optimizer_bytes = weights / n, gradients / n, optimizer_bytes / n
-        if strategy == "fsdp_cpu_offload":
-            return Estimate(strategy, precision, 0.0, 0.0, 0.0, weights + gradients + optimizer_bytes)
-    return Estimate(strategy, precision, weights, gradients, optimizer_bytes, 0.0)
-
-
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(trainable, frozen) parameter counts; shared parameters count once."""
-    trainable = frozen = 0
-    for parameter in model.parameters():  # parameters() yields a shared parameter once
-        if parameter.requires_grad:
-            trainable += parameter.numel()
-        else:
-            frozen += parameter.numel()
-    return trainable, frozen
+__all__ = [
+    "OPTIMIZER_STATES",
+    "STRATEGIES",
+    "Estimate",
+    "build_model",
+    "count_parameters",
+    "estimate",
+    "table",
+]
 
 
 def build_model(spec: str, init_args: dict[str, Any]) -> nn.Module:
@@ -149,24 +70,17 @@ def build_model(spec: str, init_args: dict[str, Any]) -> nn.Module:
     return model
 
 
-def _size(value: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f} B"
-
-
 def table(estimates: Sequence[Estimate]) -> str:
     rows = [("strategy", "precision", "weights", "gradients", "optimizer", "device total", "CPU")]
     rows += [
         (
             e.strategy,
             e.precision,
-            _size(e.weights),
-            _size(e.gradients),
-            _size(e.optimizer),
-            _size(e.device_total),
-            _size(e.cpu),
+            format_bytes(e.weights),
+            format_bytes(e.gradients),
+            format_bytes(e.optimizer),
+            format_bytes(e.device_total),
+            format_bytes(e.cpu),
         )
         for e in estimates
     ]

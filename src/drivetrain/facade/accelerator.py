@@ -180,6 +180,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             debug=self.debug,
             parallelism_options=parallelism_options,
         )
+        # strategy="auto": the first model prepared for training is weighed against DDP (see preparation.py).
+        self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []

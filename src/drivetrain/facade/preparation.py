@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.facade.process_control import ProcessControl
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.model_setup import setup_model
@@ -42,6 +43,7 @@ class Preparation(ProcessControl):
     _dataloaders: list[PreparedDataLoader]
     _prepared: dict[int, tuple[Any, Any]]
     _backward_module: nn.Module | None
+    _size_auto_strategy: bool
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepare modules, optimizers, LR schedulers and data loaders, in any order.
@@ -104,6 +106,8 @@ class Preparation(ProcessControl):
                 f"{type(self.strategy).__name__} sets up a model together with its optimizers: pass them in one "
                 f"call, accelerator.prepare(model, optimizer, ...)."
             )
+        if self._size_auto_strategy and not evaluation_mode:
+            self._report_auto_strategy(model)
         self._wrap_forward(model)
         wrapped, _ = setup_model(
             self.strategy,
@@ -113,6 +117,29 @@ class Preparation(ProcessControl):
         )
         self._register_model(model, wrapped)
         return wrapped
+
+    def _report_auto_strategy(self, model: nn.Module) -> None:
+        """With ``strategy="auto"``, say whether the first model trained fits DDP (the Trainer would switch).
+
+        The Accelerator joins its processes' group when it is built, before any model is known
+        (Accelerate's contract), so it keeps the DDP it built; a model that would not fit gets a
+        warning with the figures and the fix instead.
+        """
+        from drivetrain.connector import auto_strategy_choice
+
+        self._size_auto_strategy = False
+        choice = auto_strategy_choice(self.strategy, model)
+        if choice is None or choice.limit is None:
+            return
+        if choice.strategy == "ddp":
+            get_logger(__name__).info(choice.reason)
+            return
+        warnings.warn(
+            f"Accelerator(strategy='auto') runs DDP over {choice.num_processes} processes (chosen when it was built, "
+            f"before the model was known), but {choice.why} Pass Accelerator(strategy='fsdp') to shard the model.",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _wrap_forward(self, model: nn.Module) -> None:
         """Run ``model.forward`` in the precision's forward context (autocast), outputs in float32."""

@@ -191,6 +191,8 @@ class Trainer(TrainerProperties):
             precision=precision,
             plugins=plugins,
         )
+        # strategy="auto" on several processes weighs DDP against FSDP once the model is known (first fit).
+        self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
         self._settings = build_settings(
             max_epochs=max_epochs,
             min_epochs=min_epochs,
@@ -299,6 +301,11 @@ class Trainer(TrainerProperties):
             train=train_dataloaders,
             val=val_dataloaders,
         )
+        if self._size_auto_strategy:
+            from drivetrain.connector import fit_auto_strategy
+
+            self._strategy, _ = fit_auto_strategy(self._strategy, self._module)
+            self._size_auto_strategy = False
         self._launch()
 
     def validate(
