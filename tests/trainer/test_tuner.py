@@ -459,3 +459,30 @@ def test_on_a_gpu_running_out_of_memory_means_the_batch_does_not_fit() -> None:
     lr_finder = tuner.lr_find(lr_model, loader(), num_training=30)
     assert lr_finder is not None and lr_model.hparams.lr == lr_finder.suggestion()
     _assert_same_tensors(_weights(lr_model), before)
+
+
+class WideData(dt.DataModule):
+    """The loaders and their batch size in a DataModule, as Lightning programs often have them."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(
+            torch.randn(SAMPLES, FEATURES, generator=generator), torch.randn(SAMPLES, 1, generator=generator)
+        )
+        return DataLoader(data, batch_size=self.hparams.batch_size)
+
+
+def test_the_batch_size_can_live_in_a_datamodule_hparams_entry() -> None:
+    class WideFromData(Wide):
+        def train_dataloader(self) -> DataLoader:
+            raise AssertionError("the DataModule provides the loaders")
+
+    model = WideFromData(fail_above=24)
+    del model.batch_size  # only the DataModule holds it
+    data = WideData()
+    assert dt.Tuner(quiet_trainer()).scale_batch_size(model, datamodule=data, mode="binsearch") == 24
+    assert data.hparams.batch_size == 24 and "batch_size" not in vars(model)
