@@ -198,6 +198,46 @@ def test_a_checkpoint_saved_on_tp2_x_dp2_resumes_on_dp2_and_consolidates(tmp_pat
         torch.testing.assert_close(checkpoint["state_dict"][key], expected, atol=1e-5, rtol=0)
 
 
+def _trainer_save_on_tp2_x_dp2(rank: int, world_size: int, path: str) -> None:
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning
+    )
+    torch.manual_seed(0)
+    model = TPRegression(lr=0.1)
+    strategy = ModelParallelStrategy(layout=ParallelLayout(dp_shard=2, tp=2))
+    trainer = quiet_trainer(strategy=strategy, devices=4, max_epochs=1, gradient_clip_val=0.5)
+    trainer.fit(model, loader(regression_data(64), batch_size=4))
+    trainer.save_checkpoint(path)
+
+
+def _trainer_resume_on_dp2(rank: int, world_size: int, path: str) -> dict[str, Any]:
+    warnings.filterwarnings("ignore", message=".*saved by 4 process.*resumed by 2", category=UserWarning)
+    torch.manual_seed(123)  # other initial weights: everything must come from the checkpoint
+    model = TPRegression(lr=0.1)
+    strategy = ModelParallelStrategy(layout=ParallelLayout(dp_shard=2))
+    trainer = quiet_trainer(strategy=strategy, devices=2, max_epochs=2, gradient_clip_val=0.5)
+    trainer.fit(model, loader(regression_data(64), batch_size=4), ckpt_path=path)
+    return {"state": trainer.strategy.get_module_state_dict(model), "steps": trainer.global_step}
+
+
+def _single_clipped_trainer(rank: int, world_size: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = Regression(lr=0.1)
+    trainer = quiet_trainer(max_epochs=2, gradient_clip_val=0.5)
+    trainer.fit(model, loader(regression_data(64), batch_size=8))
+    return {"state": model.state_dict(), "steps": trainer.global_step}
+
+
+def test_a_trainer_checkpoint_saved_on_tp2_x_dp2_resumes_on_dp2(tmp_path: Path) -> None:
+    path = str(tmp_path / "epoch1.ckpt")
+    run_processes(_trainer_save_on_tp2_x_dp2, 4, args=(path,), timeout=200)
+    resumed = run_processes(_trainer_resume_on_dp2, 2, args=(path,), timeout=200)[0]
+    single = run_processes(_single_clipped_trainer, 1, process_group=False, timeout=200)[0]
+    assert resumed["steps"] == single["steps"] == 16
+    for key, expected in single["state"].items():
+        torch.testing.assert_close(resumed["state"][key], expected, atol=1e-5, rtol=0)
+
+
 def _mistakes(rank: int, world_size: int) -> list[str]:
     errors = []
     cases = [
