@@ -1,9 +1,11 @@
 """A Trainer(strategy="auto", devices=2) program for ``test_auto_strategy.py``.
 
-    python auto_sizing_program.py WIDTH [LIMIT]
+    python auto_sizing_program.py WIDTH [LIMIT] [validate-first]
 
-WIDTH sizes the model (16 → WIDTH → 1, Adam); LIMIT, when given, is passed as
-``CPUAccelerator(memory_limit=LIMIT)`` (otherwise ``DRIVETRAIN_CPU_MEMORY_LIMIT`` is read). Each
+WIDTH sizes the model (16 → WIDTH → 1, Adam); LIMIT, when given and not "-", is passed as
+``CPUAccelerator(memory_limit=LIMIT)`` (otherwise ``DRIVETRAIN_CPU_MEMORY_LIMIT`` is read);
+``validate-first`` runs ``trainer.validate`` before ``fit`` (its processes then exist, so "auto"
+keeps the DDP they run). Each
 rank prints the strategy it trained with, the steps and a checksum of the trained weights.
 """
 
@@ -28,13 +30,18 @@ class Regression(dt.TrainingModule):
         inputs, targets = batch
         return nn.functional.mse_loss(self.net(inputs), targets)
 
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(inputs), targets))
+
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
 def main() -> None:
     width = int(sys.argv[1])
-    accelerator = CPUAccelerator(memory_limit=sys.argv[2]) if len(sys.argv) > 2 else "cpu"
+    limit = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+    accelerator = CPUAccelerator(memory_limit=limit) if limit else "cpu"
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
     model = Regression(width)
@@ -48,6 +55,8 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+    if sys.argv[3:] == ["validate-first"]:
+        trainer.validate(model, DataLoader(data, batch_size=8), verbose=False)
     trainer.fit(model, DataLoader(data, batch_size=8))
     state = trainer.strategy.get_module_state_dict(model)  # full weights on rank 0, also under FSDP
     checksum = (

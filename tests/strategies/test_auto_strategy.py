@@ -129,6 +129,15 @@ def test_trainer_picks_fsdp_when_ddp_would_not_fit_and_says_why() -> None:
     sums = [float(lines[0].rsplit("=", 1)[1]) for lines in (over, fits)]
     assert sums[0] == pytest.approx(sums[1], abs=1e-4)
 
+    # A validate before fit started the DDP processes: fit keeps them rather than start others.
+    after_validate, log = _run("-", "validate-first", limit="200KiB")
+    assert [line.split(" sum=")[0] for line in after_validate] == [
+        "rank=0 strategy=DDPStrategy steps=4",
+        "rank=1 strategy=DDPStrategy steps=4",
+    ]
+    assert "strategy='auto'" not in log
+    assert float(after_validate[0].rsplit("=", 1)[1]) == sums[1]
+
 
 def test_without_a_limit_auto_stays_ddp_and_says_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

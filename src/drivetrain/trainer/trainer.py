@@ -191,7 +191,8 @@ class Trainer(TrainerProperties):
             precision=precision,
             plugins=plugins,
         )
-        # strategy="auto" on several processes weighs DDP against FSDP once the model is known (first fit).
+        # strategy="auto" on several processes weighs DDP against FSDP once the model is known (by fit, when
+        # it is the first entry point: afterwards this strategy's processes exist).
         self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
         self._settings = build_settings(
             max_epochs=max_epochs,
@@ -305,7 +306,6 @@ class Trainer(TrainerProperties):
             from drivetrain.connector import fit_auto_strategy
 
             self._strategy, _ = fit_auto_strategy(self._strategy, self._module)
-            self._size_auto_strategy = False
         self._launch()
 
     def validate(
@@ -404,6 +404,8 @@ class Trainer(TrainerProperties):
     # -- running in every process ---------------------------------------------------------------
     def _launch(self) -> Any:
         self._ran_here = False
+        # Processes are started from here on: "auto" is sized only by a fit that comes first.
+        self._size_auto_strategy = False
         launcher = self.strategy.launcher
         if self.strategy.is_global_zero:
             for logger in self.loggers:
