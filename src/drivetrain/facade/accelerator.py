@@ -400,11 +400,12 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
         """The precision's forward context (autocast for mixed precision), for code outside ``forward``."""
         from drivetrain.plugins.precision.amp import MixedPrecision
+        from drivetrain.plugins.precision.fp8 import Float8Precision
 
         precision = self.strategy.precision
         if autocast_handler is None:
             return precision.forward_context()
-        if not isinstance(precision, MixedPrecision):
+        if not isinstance(precision, (MixedPrecision, Float8Precision)):
             warnings.warn(
                 f"autocast({autocast_handler!r}) has no effect: precision {precision.name!r} does not autocast.",
                 UserWarning,

@@ -18,7 +18,7 @@ from torch import nn
 import drivetrain as dt
 from drivetrain.plugins.precision import Float8Precision, precision_from_name
 from drivetrain.plugins.precision.fp8 import convert_linear_layers, float8_layer_names
-from drivetrain.utils import AORecipeKwargs
+from drivetrain.utils import AORecipeKwargs, AutocastKwargs
 
 torchao = pytest.importorskip("torchao")
 from torchao.float8 import Float8LinearConfig  # noqa: E402
@@ -272,6 +272,8 @@ def test_fp8_through_the_accelerator_converts_and_trains() -> None:
     assert float8_layer_names(accelerator.unwrap_model(net)) == ["blocks.0.fc", "blocks.1.fc"]
     batch = _tokens()[:16].to(accelerator.device)
     first = None
+    with accelerator.autocast(AutocastKwargs(cache_enabled=False)):  # fp8 autocasts: no "no effect" warning
+        assert net(batch[:, :-1]).dtype == torch.float32
     for _ in range(20):
         logits = net(batch[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
