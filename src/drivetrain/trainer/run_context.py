@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.trainer import Trainer
 
 _CUBLAS_VARIABLE = "CUBLAS_WORKSPACE_CONFIG"
@@ -79,3 +80,17 @@ def compiled_forward(module: torch.nn.Module, compiler: Any) -> Iterator[None]:
         yield
     finally:
         module.__dict__.pop("forward", None)
+
+
+def release_strategy(strategy: Strategy) -> None:
+    """What the strategy holds for an entry point that has ended, released in this process."""
+    from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
+
+    if isinstance(strategy.launcher, MultiprocessingLauncher):
+        strategy.teardown()  # this process is a spawned rank, and ends with the entry point
+        return
+    # This process goes on with the script: its next entry point (fit, then test) and calls such as
+    # save_checkpoint() in between need the process group and a sharded model's device mesh, as in
+    # Lightning. Release the plugins only; the strategy leaves the group at exit (or at teardown()).
+    strategy.precision.teardown()
+    strategy.checkpoint_io.teardown()

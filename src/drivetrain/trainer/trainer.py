@@ -432,7 +432,7 @@ class Trainer(TrainerProperties):
         from drivetrain.trainer.model_setup import setup_model
         from drivetrain.trainer.process_results import stage_output
         from drivetrain.trainer.results import new_results
-        from drivetrain.trainer.run_context import compiled_forward, profiling, torch_flags
+        from drivetrain.trainer.run_context import compiled_forward, profiling, release_strategy, torch_flags
 
         self._ran_here = True
         strategy = self.strategy
@@ -487,7 +487,7 @@ class Trainer(TrainerProperties):
             finally:
                 module._results = None
                 self._strategy_ready = False
-                self._teardown_strategy()
+                release_strategy(strategy)
 
     def _hook_runner(self, rebuild: bool = False) -> Any:
         """The hooks of the current module and callbacks, resolved once per entry point."""
@@ -499,19 +499,6 @@ class Trainer(TrainerProperties):
                 self, self._module, self._callbacks, TrainingModule, Callback, self._features.profiler
             )
         return self._hooks
-
-    def _teardown_strategy(self) -> None:
-        from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
-
-        strategy = self.strategy
-        if isinstance(strategy.launcher, MultiprocessingLauncher):
-            strategy.teardown()  # this process is a spawned rank, and ends with the entry point
-            return
-        # This process goes on with the script: its next entry point (fit, then test) and calls such as
-        # save_checkpoint() in between need the process group and a sharded model's device mesh, as in
-        # Lightning. Release the plugins only; the strategy leaves the group at exit (or at teardown()).
-        strategy.precision.teardown()
-        strategy.checkpoint_io.teardown()
 
     def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
         from drivetrain.trainer.loops.evaluation import EvaluationLoop
