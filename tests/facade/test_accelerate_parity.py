@@ -277,12 +277,10 @@ def test_accelerate_variables_are_defaults_the_arguments_override(
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     assert dt.Accelerator().device.type == "cpu"
 
-    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
-    with pytest.warns(
-        UserWarning, match=r"ACCELERATE_DYNAMO_BACKEND='inductor': drivetrain.Accelerator does not read"
-    ):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.warns(UserWarning, match=r"ACCELERATE_USE_FSDP='true': drivetrain.Accelerator does not read"):
         dt.Accelerator()
-    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp4")
     with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp4' is not supported"):
         dt.Accelerator()

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         GradientAccumulationPlugin,
         ProjectConfiguration,
     )
+    from drivetrain.utils.dynamo import DynamoBackend, TorchDynamoPlugin
     from drivetrain.utils.kwargs_handlers import AutocastKwargs, ProfileKwargs
 
 
@@ -93,6 +94,12 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             replicated) on one device mesh (``strategy="model_parallel"``).
         tp_plan: with ``tp_size > 1``, the ``parallelize_module`` plan ``prepare`` applies to the
             model (module path -> ``ColwiseParallel()`` … or ``"colwise"``/``"rowwise"``).
+        dynamo_backend: compile every model ``prepare`` returns with ``torch.compile`` on this
+            backend (``"inductor"``, ``"aot_eager"``, ``"eager"`` … or a
+            :class:`~drivetrain.utils.DynamoBackend`; ``"no"``: do not); default
+            ``ACCELERATE_DYNAMO_BACKEND`` or ``drivetrain launch --dynamo_backend`` (else ``"no"``).
+        dynamo_plugin: a :class:`~drivetrain.utils.TorchDynamoPlugin` with all of ``torch.compile``'s
+            settings (instead of ``dynamo_backend``); its unset fields come from ``ACCELERATE_DYNAMO_*``.
         debug: check, before every collective (``gather``, ``reduce``, ``wait_for_everyone`` …),
             that all processes call the same one with tensors of the same shapes and dtypes, and
             raise :class:`~drivetrain.utils.DistributedOperationException` naming them if not
@@ -122,6 +129,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Sequence[Any] | None = None,
+        dynamo_backend: DynamoBackend | str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
         fp16: bool | None = None,
         dispatch_batches: bool | None = None,
         even_batches: bool | None = None,
@@ -182,6 +191,12 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         )
         # strategy="auto": the first model prepared for training is weighed against DDP (see preparation.py).
         self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
+        #: How ``prepare`` compiles models (``state.dynamo_plugin``; backend ``NO``: not at all).
+        self.dynamo_plugin = settings.dynamo_settings(
+            dynamo_backend, dynamo_plugin, environment, self.strategy
+        )
+        # The settings prepare() compiles with, or None: it then compiles nothing (and checks nothing).
+        self._compiling = self.dynamo_plugin if self.dynamo_plugin.compiles else None
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -191,6 +206,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         self._save_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._prepared: dict[int, tuple[Any, Any]] = {}  # id -> (object, its prepared form): never twice
+        self._compiled_views: dict[int, tuple[nn.Module, nn.Module]] = {}  # unwrap_model's compiled modules
         self._backward_module: nn.Module | None = None
         self._trigger = False
         self._warned_accumulate = False

@@ -20,12 +20,16 @@ from drivetrain.facade.process_control import ProcessControl
 
 if TYPE_CHECKING:
     from drivetrain.utils.configuration import ProjectConfiguration
+    from drivetrain.utils.dynamo import TorchDynamoPlugin
 
 
 class ModelSaving(ProcessControl):
     """``save``, ``save_model``, ``get_state_dict``, ``unwrap_model`` (a mixin of :class:`drivetrain.Accelerator`)."""
 
     project_configuration: ProjectConfiguration
+    _compiling: TorchDynamoPlugin | None
+    _compiled_views: dict[int, tuple[nn.Module, nn.Module]]
+    _prepared: dict[int, tuple[Any, Any]]
 
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
@@ -35,16 +39,42 @@ class ModelSaving(ProcessControl):
         Args:
             model: a prepared module (or any module).
             keep_fp32_wrapper: ``False`` also takes off the precision's forward wrapper (autocast).
-            keep_torch_compile: return the ``torch.compile`` module when it wraps the user's module
-                directly; one compiled around a parallel wrapper is stripped with it.
+            keep_torch_compile: return a ``torch.compile`` module around the user's module when
+                ``model`` is compiled (``False``: the user's module itself). For a model this
+                Accelerator compiled around a DDP wrapper that is a compiled module of its own
+                (made once, with the same settings), so the prepared model keeps its wrapper.
         """
+        from drivetrain.utils.dynamo import compiled_inner
         from drivetrain.utils.modeling import finish_unwrap
 
-        return finish_unwrap(model, self.strategy.unwrap_module(model), keep_fp32_wrapper, keep_torch_compile)
+        inner = self.strategy.unwrap_module(model)
+        result = finish_unwrap(model, inner, keep_fp32_wrapper, keep_torch_compile)
+        compiled = compiled_inner(model)
+        if keep_torch_compile and result is inner and compiled is not None and compiled is not inner:
+            view = self._compiled_view(model, inner)
+            return result if view is None else view
+        return result
+
+    def _compiled_view(self, model: nn.Module, inner: nn.Module) -> nn.Module | None:
+        """``torch.compile(inner)`` with the settings ``prepare`` compiled ``model`` with (made once)."""
+        from drivetrain.utils.dynamo import compile_module
+
+        prepared = self._prepared.get(id(model))
+        if self._compiling is None or prepared is None or prepared[1] is not model:
+            return None  # compiled by the user around a wrapper: its settings are unknown here
+        entry = self._compiled_views.get(id(model))
+        if entry is None or entry[0] is not model:
+            entry = (model, compile_module(inner, self._compiling))
+            self._compiled_views[id(model)] = entry
+        view: nn.Module = entry[1]
+        return view
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """``model``'s state dict as the strategy assembles it (whole, even when sharded)."""
-        return self.strategy.get_module_state_dict(model)
+        """``model``'s state dict as the strategy assembles it (whole, even when sharded), with the
+        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper)."""
+        from drivetrain.utils.dynamo import uncompiled
+
+        return self.strategy.get_module_state_dict(uncompiled(model))
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` once (main process; each node's with ``save_on_each_node``), atomically."""

@@ -27,6 +27,7 @@ from drivetrain.strategies.model_setup import setup_model
 if TYPE_CHECKING:
     from drivetrain.data.loader import PreparedDataLoader
     from drivetrain.utils.configuration import DataLoaderConfiguration
+    from drivetrain.utils.dynamo import TorchDynamoPlugin
 
 
 class Preparation(ProcessControl):
@@ -44,6 +45,8 @@ class Preparation(ProcessControl):
     _prepared: dict[int, tuple[Any, Any]]
     _backward_module: nn.Module | None
     _size_auto_strategy: bool
+    _compiling: TorchDynamoPlugin | None
+    _compiled_views: dict[int, tuple[nn.Module, nn.Module]]
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepare modules, optimizers, LR schedulers and data loaders, in any order.
@@ -115,8 +118,7 @@ class Preparation(ProcessControl):
             move_to_device=self.device_placement if device_placement is None else device_placement,
             wrap=not evaluation_mode,
         )
-        self._register_model(model, wrapped)
-        return wrapped
+        return self._register_model(model, wrapped)
 
     def _report_auto_strategy(self, model: nn.Module) -> None:
         """With ``strategy="auto"``, say whether the first model trained fits DDP (the Trainer would switch).
@@ -149,11 +151,24 @@ class Preparation(ProcessControl):
         if precision.changes_forward and not isinstance(model.__dict__.get("forward"), PrecisionForward):
             model.forward = PrecisionForward(model.forward, precision)
 
-    def _register_model(self, original: nn.Module, wrapped: nn.Module) -> None:
+    def _register_model(self, original: nn.Module, wrapped: nn.Module) -> nn.Module:
+        """Keep the strategy's module (what checkpoints, no-sync and clipping work on); returns the user's.
+
+        With a dynamo backend the user gets ``torch.compile`` around the strategy's wrapper (as
+        Accelerate does, so DDP's buckets split the graph); the Accelerator keeps working on the
+        wrapper inside, which holds the model's own parameter names.
+        """
+        returned = wrapped
+        if self._compiling is not None:
+            from drivetrain.utils.dynamo import compile_module, is_compiled_module
+
+            if not is_compiled_module(original):  # a model the user compiled is not compiled again
+                returned = compile_module(wrapped, self._compiling)
         self._models.append(wrapped)
-        self._remember(wrapped, original, wrapped)
+        self._remember(returned, original, wrapped, returned)
         if self._backward_module is None:
             self._backward_module = wrapped
+        return returned
 
     def prepare_optimizer(
         self, optimizer: Optimizer, device_placement: bool | None = None
@@ -217,7 +232,7 @@ class Preparation(ProcessControl):
             wrapped, raws = setup_model(
                 self.strategy, model, [result[j] for j in mine], move_to_device=placements[i] is not False
             )
-            self._register_model(model, wrapped)
+            self._register_model(model, wrapped)  # never compiled: joint setup rejects dynamo_backend
             for j, raw in zip(mine, raws):
                 result[j] = self._register_optimizer(result[j], raw, wrapped)
         orphans = [result[j] for j in optimizers if j not in claimed]
@@ -310,6 +325,7 @@ class Preparation(ProcessControl):
         self._schedulers.clear()
         self._dataloaders.clear()
         self._prepared.clear()
+        self._compiled_views.clear()
         self._backward_module = None
         self.strategy.model = None
         self.gradient_state.step = 0

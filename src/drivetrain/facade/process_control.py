@@ -224,7 +224,9 @@ class ProcessControl:
         has no effect.
         """
         from drivetrain.utils.configuration import DistributedType
+        from drivetrain.utils.dynamo import uncompiled
 
+        joinables = [uncompiled(joinable) for joinable in joinables]
         ddp_like = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)
         kind = self.state.distributed_type
         join = self.strategy.join(joinables, enable=False) if kind in ddp_like else None

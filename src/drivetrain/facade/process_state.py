@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from drivetrain.facade.accelerator import Accelerator
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import DistributedType
+    from drivetrain.utils.dynamo import TorchDynamoPlugin
 
 # The Accelerator a PartialState built because none existed: the process's processes are joined
 # once (a process group per process), so it stays for the process's lifetime.
@@ -251,6 +252,11 @@ class AcceleratorState(PartialState):
     def mixed_precision(self) -> str:
         """``"no"``, ``"fp16"``, ``"bf16"``, or drivetrain's name for other precisions."""
         return self._owner.mixed_precision
+
+    @property
+    def dynamo_plugin(self) -> TorchDynamoPlugin:
+        """How ``prepare`` compiles models (backend ``NO``: it does not)."""
+        return self._owner.dynamo_plugin
 
     def __repr__(self) -> str:
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"

@@ -21,12 +21,14 @@ from drivetrain.strategies.step_policy import check_accumulation_steps
 if TYPE_CHECKING:
     from drivetrain.facade.state import GradientState
     from drivetrain.plugins.precision.precision import Precision
+    from drivetrain.strategies.launchers.overrides import AccelerateVariables
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import (
         DataLoaderConfiguration,
         GradientAccumulationPlugin,
         ProjectConfiguration,
     )
+    from drivetrain.utils.dynamo import TorchDynamoPlugin
     from drivetrain.utils.kwargs_handlers import (
         AORecipeKwargs,
         AutocastKwargs,
@@ -369,3 +371,71 @@ def reject_plugins(deepspeed: Any, fsdp: Any, megatron: Any) -> None:
     ):
         if value is not None:
             raise ValueError(f"{name}= is Accelerate's way to configure this; drivetrain uses {fix}.")
+
+
+def dynamo_settings(
+    backend: Any, plugin: TorchDynamoPlugin | None, environment: AccelerateVariables, strategy: Strategy
+) -> TorchDynamoPlugin:
+    """The compile settings: ``dynamo_backend`` or ``dynamo_plugin``, unset fields from ``ACCELERATE_DYNAMO_*``.
+
+    Raises:
+        TypeError, ValueError: both arguments, a value ``torch.compile`` cannot take, a backend
+            this torch does not have, or a strategy that cannot run a compiled model.
+    """
+    from drivetrain.utils.dynamo import COMPILE_MODES, TorchDynamoPlugin, backend_of, check_backend_available
+
+    mode = environment.dynamo_mode
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(
+            f"ACCELERATE_DYNAMO_MODE={mode!r} is not a torch.compile mode; use one of "
+            f"{', '.join(map(repr, COMPILE_MODES))}, or unset it."
+        )
+    if plugin is not None and backend is not None:
+        raise ValueError(
+            "Pass dynamo_backend or dynamo_plugin, not both (TorchDynamoPlugin(backend=...) holds the backend)."
+        )
+    if plugin is None:
+        plugin = TorchDynamoPlugin(
+            backend=backend_of(backend, "dynamo_backend=") if backend is not None else None
+        )
+    elif not isinstance(plugin, TorchDynamoPlugin):
+        raise TypeError(
+            f"dynamo_plugin= takes a drivetrain.utils.TorchDynamoPlugin, got {type(plugin).__module__}."
+            f"{type(plugin).__name__}."
+        )
+    where = "ACCELERATE_DYNAMO_BACKEND"
+    resolved = dataclasses.replace(
+        plugin,
+        backend=plugin.backend
+        if plugin.backend is not None
+        else backend_of(environment.dynamo_backend or "no", where),
+        mode=plugin.mode if plugin.mode is not None else environment.dynamo_mode or "default",
+        fullgraph=plugin.fullgraph
+        if plugin.fullgraph is not None
+        else bool(environment.dynamo_use_fullgraph),
+        dynamic=plugin.dynamic if plugin.dynamic is not None else environment.dynamo_use_dynamic,
+    )
+    if resolved.compiles:
+        if strategy.requires_joint_setup:
+            raise ValueError(
+                f"dynamo_backend={resolved.to_kwargs()['backend']!r} with {type(strategy).__name__} is not supported: "
+                f"drivetrain compiles models under single-device and DDP strategies. Compile inside the model "
+                f"(torch.compile(block) for each block in its __init__) and leave dynamo_backend unset, or use DDP."
+            )
+        if resolved.fullgraph and _wraps_modules(strategy):
+            raise ValueError(
+                f"fullgraph=True (TorchDynamoPlugin or ACCELERATE_DYNAMO_USE_FULLGRAPH) cannot compile "
+                f"{type(strategy).__name__}'s wrapper: DistributedDataParallel's forward holds Python logic torch "
+                f"does not trace, so the first step would fail. Leave fullgraph off (your model is still compiled, "
+                f"split at DDP's buckets), or compile the model's blocks yourself with torch.compile(block, "
+                f"fullgraph=True)."
+            )
+        check_backend_available(resolved)
+    return resolved
+
+
+def _wraps_modules(strategy: Strategy) -> bool:
+    """Whether ``prepare`` puts models in a wrapper of the strategy's (DDP) before compiling them."""
+    from drivetrain.strategies.ddp import DDPStrategy
+
+    return isinstance(strategy, DDPStrategy)

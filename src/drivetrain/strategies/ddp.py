@@ -120,16 +120,17 @@ class DDPStrategy(ParallelStrategy):
     @contextmanager
     def force_backward_sync(self, module: nn.Module) -> Iterator[None]:
         """The next backward pass all-reduces ``module``'s gradients, even inside :meth:`no_backward_sync`."""
-        if not isinstance(module, DistributedDataParallel):
+        ddp = module if isinstance(module, DistributedDataParallel) else _compiled_ddp(module)
+        if not isinstance(ddp, DistributedDataParallel):
             yield
             return
-        saved = (module.require_backward_grad_sync, module.require_forward_param_sync)
-        module.require_backward_grad_sync = module.require_forward_param_sync = True
-        module.reducer.prepare_for_backward([])
+        saved = (ddp.require_backward_grad_sync, ddp.require_forward_param_sync)
+        ddp.require_backward_grad_sync = ddp.require_forward_param_sync = True
+        ddp.reducer.prepare_for_backward([])
         try:
             yield
         finally:
-            module.require_backward_grad_sync, module.require_forward_param_sync = saved
+            ddp.require_backward_grad_sync, ddp.require_forward_param_sync = saved
 
     def join(self, joinables: Sequence[Any], enable: bool = True) -> AbstractContextManager[Any] | None:
         """torch's ``Join`` over ``joinables`` (DDP modules, ``ZeroRedundancyOptimizer``): a process whose
@@ -141,6 +142,9 @@ class DDPStrategy(ParallelStrategy):
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         if enabled and isinstance(module, DistributedDataParallel):
             return module.no_sync()
+        inner = _compiled_ddp(module) if enabled else None
+        if isinstance(inner, DistributedDataParallel):
+            return inner.no_sync()
         return nullcontext()
 
     @classmethod
@@ -180,6 +184,15 @@ class DDPStrategy(ParallelStrategy):
                     **kwargs,
                     find_unused_parameters=unused,
                 )
+
+
+def _compiled_ddp(module: nn.Module) -> nn.Module | None:
+    """The DDP module inside ``torch.compile``'s wrapper (what ``Accelerator(dynamo_backend=...)`` returns).
+
+    DDP's forward runs outside the compiled graphs, so its ``no_sync`` flags still take effect.
+    """
+    inner = module._modules.get("_orig_mod")
+    return inner if isinstance(inner, DistributedDataParallel) else None
 
 
 @lru_cache(maxsize=1)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         RNGType,
     )
     from drivetrain.utils.data_loader import prepare_data_loader
+    from drivetrain.utils.dynamo import DynamoBackend, TorchDynamoPlugin, is_compiled_module
     from drivetrain.utils.environment import patch_environment
     from drivetrain.utils.kwargs_handlers import (
         AORecipeKwargs,
@@ -98,6 +99,9 @@ __getattr__, __dir__ = lazy_exports(
         "ProjectConfiguration": "drivetrain.utils.configuration",
         "RNGType": "drivetrain.utils.configuration",
         "AORecipeKwargs": "drivetrain.utils.kwargs_handlers",
+        "DynamoBackend": "drivetrain.utils.dynamo",
+        "TorchDynamoPlugin": "drivetrain.utils.dynamo",
+        "is_compiled_module": "drivetrain.utils.dynamo",
         "AutocastKwargs": "drivetrain.utils.kwargs_handlers",
         "DDPCommunicationHookType": "drivetrain.utils.kwargs_handlers",
         "DistributedDataParallelKwargs": "drivetrain.utils.kwargs_handlers",
@@ -151,6 +155,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "DynamoBackend",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -161,6 +166,7 @@ __all__ = [
     "ProjectConfiguration",
     "RNGType",
     "SeedableRandomSampler",
+    "TorchDynamoPlugin",
     "broadcast",
     "broadcast_object_list",
     "compute_module_sizes",
@@ -170,6 +176,7 @@ __all__ = [
     "gather_object",
     "infer_auto_device_map",
     "is_bf16_available",
+    "is_compiled_module",
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",

@@ -81,6 +81,10 @@ HONOURED_ACCELERATE_VARIABLES = (
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     "ACCELERATE_USE_CPU",
     "ACCELERATE_DEBUG_MODE",
+    "ACCELERATE_DYNAMO_BACKEND",
+    "ACCELERATE_DYNAMO_MODE",
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH",
+    "ACCELERATE_DYNAMO_USE_DYNAMIC",
 )
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -94,6 +98,10 @@ class AccelerateVariables:
     gradient_accumulation_steps: int | None = None
     use_cpu: bool | None = None
     debug_mode: bool | None = None
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_dynamic: bool | None = None
 
 
 def accelerate_variables() -> AccelerateVariables:
@@ -139,7 +147,24 @@ def accelerate_variables() -> AccelerateVariables:
         gradient_accumulation_steps=int(steps) if steps is not None else None,
         use_cpu=_flag("ACCELERATE_USE_CPU"),
         debug_mode=_flag("ACCELERATE_DEBUG_MODE"),
+        dynamo_backend=_value("ACCELERATE_DYNAMO_BACKEND"),
+        dynamo_mode=_value("ACCELERATE_DYNAMO_MODE"),
+        dynamo_use_fullgraph=_flag("ACCELERATE_DYNAMO_USE_FULLGRAPH"),
+        dynamo_use_dynamic=_flag("ACCELERATE_DYNAMO_USE_DYNAMIC"),
     )
+
+
+def warn_dynamo_unused_by_trainer() -> None:
+    """The Trainer does not compile models: say so when ``--dynamo_backend`` / ``ACCELERATE_DYNAMO_BACKEND`` asks."""
+    backend = _value("ACCELERATE_DYNAMO_BACKEND")
+    if backend is not None and backend.lower() != "no":
+        warnings.warn(
+            f"ACCELERATE_DYNAMO_BACKEND={backend!r} (drivetrain launch --dynamo_backend) compiles the models of "
+            f"drivetrain.Accelerator; the Trainer does not read it. Compile inside the TrainingModule (e.g. "
+            f"torch.compile a block in configure_model), and drop the setting.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _flag(name: str) -> bool | None:
