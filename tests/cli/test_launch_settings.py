@@ -39,7 +39,7 @@ def _run(arguments: list[str], home: Path, stdin: str | None = None, timeout: fl
 @pytest.mark.multiprocess
 def test_answers_to_config_become_the_defaults_of_launch_and_of_the_script(tmp_path: Path) -> None:
     # CPU only; 1 machine; a bad answer is asked again; 2 processes; bf16; 3 accumulation steps.
-    answers = "yes\n\nmany\n2\nbf16\n3\n"
+    answers = "yes\n\nmany\n2\nbf16\n3\n\n"
     written = _run(["config"], tmp_path, stdin=answers)
     assert written.returncode == 0, written.stderr
     assert "'many' is not a whole number; try again." in written.stdout
@@ -279,3 +279,88 @@ def test_num_processes_counts_every_machine() -> None:
         "--lr",
         "1",
     ]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_dynamo_options_of_launch_compile_the_scripts_accelerator_models(tmp_path: Path) -> None:
+    script = Path(__file__).parent / "launched_dynamo_script.py"
+    config = tmp_path / "accelerate.yaml"
+    # Accelerate's section for torch.compile; the command line wins over it.
+    config.write_text(
+        "num_processes: 2\nuse_cpu: true\ndynamo_config:\n  dynamo_backend: AOT_EAGER\n  dynamo_use_dynamic: true\n"
+        "  dynamo_use_regional_compilation: false\n"
+    )
+    launched = _run(
+        [
+            "launch",
+            "--config_file",
+            str(config),
+            "--dynamo_backend",
+            "eager",
+            "--dynamo_mode",
+            "max-autotune",
+            str(script),
+            str(tmp_path),
+        ],
+        tmp_path / "empty-home",
+    )
+    assert launched.returncode == 0, launched.stderr
+    expected = {
+        "world": 2,
+        "backend": "EAGER",
+        "mode": "max-autotune",
+        "fullgraph": False,
+        "dynamic": True,
+        "compiled": True,
+        "wrapped": "DistributedDataParallel",
+        "trainer_warned": True,
+    }
+    assert _reports(tmp_path) == [expected] * 2
+    # One process (no DDP wrapper) compiles the whole model as one graph with --dynamo_use_fullgraph.
+    launched = _run(
+        [
+            "launch",
+            "--config_file",
+            str(config),
+            "-n",
+            "1",
+            "--dynamo_use_fullgraph",
+            str(script),
+            str(tmp_path),
+        ],
+        tmp_path / "empty-home",
+    )
+    assert launched.returncode == 0, launched.stderr
+    expected.update(world=1, backend="AOT_EAGER", mode="default", fullgraph=True, wrapped="Linear")
+    assert _reports(tmp_path) == [expected]
+
+
+def test_a_dynamo_config_section_is_read_and_what_cannot_be_honoured_is_refused(tmp_path: Path) -> None:
+    from drivetrain.cli import launch_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("dynamo_config:\n  dynamo_backend: AOT_EAGER\n  dynamo_use_fullgraph: false\n")
+    loaded = launch_config.load(path)
+    assert (loaded.dynamo_backend, loaded.dynamo_use_fullgraph, loaded.dynamo_mode) == (
+        "AOT_EAGER",
+        False,
+        None,
+    )
+    path.write_text("dynamo_config:\n  dynamo_use_regional_compilation: true\n  dynamo_other: 1\n")
+    with pytest.raises(
+        ValueError,
+        match=r"cannot honour dynamo_config\.dynamo_use_regional_compilation: True; dynamo_config\.dynamo_other",
+    ):
+        launch_config.load(path)
+    path.write_text("dynamo_mode: fastest\n")
+    with pytest.raises(ValueError, match="dynamo_mode must be one of default"):
+        launch_config.load(path)
+
+
+def test_config_writes_the_dynamo_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "c.yaml"
+    assert main(["config", "--default", "--config_file", str(target), "--dynamo_backend", "inductor"]) == 0
+    assert yaml.safe_load(target.read_text())["dynamo_backend"] == "inductor"
+    assert main(["config", "--default", "--config_file", str(target)]) == 0
+    assert yaml.safe_load(target.read_text())["dynamo_backend"] is None

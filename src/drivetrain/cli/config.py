@@ -59,6 +59,13 @@ def add_config_command(commands: Any) -> None:
     parser.add_argument(
         "--accelerator", default=None, help="accelerator name (any registered name; default auto)"
     )
+    parser.add_argument(
+        "--dynamo_backend",
+        "--dynamo-backend",
+        dest="dynamo_backend",
+        default=None,
+        help="torch.compile backend for the Accelerator's models (no, inductor, aot_eager, eager …)",
+    )
     parser.set_defaults(run=run_config)
 
 
@@ -107,6 +114,12 @@ QUESTIONS = (
     Question("num_processes", "How many processes in total, over all machines?", 1, _integer),
     Question("mixed_precision", "Mixed precision (no, fp16, bf16)?", "no", str.strip),
     Question("gradient_accumulation_steps", "Gradient accumulation steps?", 1, _integer),
+    Question(
+        "dynamo_backend",
+        "torch.compile the Accelerator's models with which backend (no, inductor, aot_eager, eager …)?",
+        "no",
+        str.strip,
+    ),
 )
 
 
@@ -147,6 +160,8 @@ def ask_questions(given: dict[str, Any], read: Callable[[str], str] = input) -> 
 
 def _config(values: dict[str, Any]) -> LaunchConfig:
     chosen = {key: value for key, value in values.items() if value is not None}
+    if str(chosen.get("dynamo_backend", "")).lower() == "no":
+        del chosen["dynamo_backend"]  # the default: nothing to write
     if chosen.get("use_cpu"):
         if chosen.get("accelerator", "auto") not in ("auto", "cpu"):
             raise SystemExit(

@@ -9,9 +9,12 @@ that failed first, how it ended and its error. The ranks die with this command (
 
 Accelerate's spellings work too (``--num_processes`` counts all nodes' processes,
 ``--num_machines``, ``--machine_rank``, ``--main_process_ip/port``, ``--mixed_precision``,
-``--gradient_accumulation_steps``, ``--cpu``, ``--multi_gpu``, ``--config_file``); settings not
-on the command line come from the file ``drivetrain config`` writes. Precision and accumulation
-steps become the defaults of the script's ``Accelerator``/``Trainer``.
+``--gradient_accumulation_steps``, ``--cpu``, ``--multi_gpu``, ``--config_file``,
+``--dynamo_backend``/``--dynamo_mode``/``--dynamo_use_fullgraph``/``--dynamo_use_dynamic``);
+settings not on the command line come from the file ``drivetrain config`` writes. Precision and
+accumulation steps become the defaults of the script's ``Accelerator``/``Trainer``; the dynamo
+settings (Accelerate's ``ACCELERATE_DYNAMO_*`` variables) those of its ``Accelerator``, which
+then compiles the models it prepares.
 
 Examples::
 
@@ -152,6 +155,36 @@ def add_launch_command(commands: Any) -> None:
         help="the script's default batches per optimizer step",
     )
     parser.add_argument(
+        "--dynamo_backend",
+        "--dynamo-backend",
+        dest="dynamo_backend",
+        default=None,
+        help="torch.compile the script's Accelerator models on this backend (inductor, aot_eager, eager …; no: off)",
+    )
+    parser.add_argument(
+        "--dynamo_mode",
+        "--dynamo-mode",
+        dest="dynamo_mode",
+        default=None,
+        help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
+    )
+    parser.add_argument(
+        "--dynamo_use_fullgraph",
+        "--dynamo-use-fullgraph",
+        dest="dynamo_use_fullgraph",
+        action="store_true",
+        default=None,
+        help="compile each model into one graph (an error at a graph break)",
+    )
+    parser.add_argument(
+        "--dynamo_use_dynamic",
+        "--dynamo-use-dynamic",
+        dest="dynamo_use_dynamic",
+        action="store_true",
+        default=None,
+        help="trace with dynamic shapes",
+    )
+    parser.add_argument(
         "--config_file",
         "--config-file",
         dest="config_file",
@@ -193,6 +226,8 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
         config.gradient_accumulation_steps = None
     if config.rdzv_backend == "static":
         config.rdzv_backend = None
+    if config.dynamo_backend is not None and config.dynamo_backend.lower() == "no":
+        config.dynamo_backend = None
     for option, key in (
         ("num_processes", "num_processes"),
         ("nnodes", "num_machines"),
@@ -204,6 +239,10 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
         ("gradient_accumulation_steps", "gradient_accumulation_steps"),
         ("cpu", "use_cpu"),
         ("accelerator", "accelerator"),
+        ("dynamo_backend", "dynamo_backend"),
+        ("dynamo_mode", "dynamo_mode"),
+        ("dynamo_use_fullgraph", "dynamo_use_fullgraph"),
+        ("dynamo_use_dynamic", "dynamo_use_dynamic"),
     ):
         value = getattr(config, key)
         if getattr(merged, option) is None and value is not None:
@@ -220,6 +259,8 @@ def _check_settings(args: argparse.Namespace) -> None:
         ("master_port", "main_process_port"),
         ("mixed_precision", "mixed_precision"),
         ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ("dynamo_backend", "dynamo_backend"),
+        ("dynamo_mode", "dynamo_mode"),
     ):
         try:
             launch_config.check_value(key, getattr(args, option), f"--{option}")
@@ -310,6 +351,15 @@ def run_launch(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             os.environ[variable] = str(value)
+    # Accelerate's own variables, read by the script's drivetrain.Accelerator (TorchDynamoPlugin).
+    for variable, value in (
+        ("ACCELERATE_DYNAMO_BACKEND", args.dynamo_backend),
+        ("ACCELERATE_DYNAMO_MODE", args.dynamo_mode),
+        ("ACCELERATE_DYNAMO_USE_FULLGRAPH", args.dynamo_use_fullgraph),
+        ("ACCELERATE_DYNAMO_USE_DYNAMIC", args.dynamo_use_dynamic),
+    ):
+        if value is not None:
+            os.environ[variable] = str(value).lower()
     # torchrun would force 1 thread per process and warn; share the cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc_per_node)))
     # The ranks die with this process (see TorchElasticEnvironment.launcher_pid), even under kill -9.

@@ -13,6 +13,12 @@ A YAML mapping with Accelerate's key names, so an ``accelerate config`` file wor
     gradient_accumulation_steps: 1
     use_cpu: false
     accelerator: auto         # drivetrain's: any registered accelerator name
+    dynamo_backend: null      # torch.compile the Accelerator's models: inductor, aot_eager, eager …
+    dynamo_mode: null         # default, reduce-overhead, max-autotune …
+    dynamo_use_fullgraph: null
+    dynamo_use_dynamic: null
+
+Accelerate's ``dynamo_config:`` section (``dynamo_backend: INDUCTOR`` …) is read as these keys.
 
 The default file is ``$XDG_CONFIG_HOME/drivetrain/launch.yaml`` (``~/.config/drivetrain/launch.yaml``).
 Keys of Accelerate's that drivetrain has no use for are accepted at their neutral values; any
@@ -60,6 +66,10 @@ class LaunchConfig:
     gradient_accumulation_steps: int | None = None
     use_cpu: bool | None = None
     accelerator: str | None = None
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_dynamic: bool | None = None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
@@ -72,7 +82,17 @@ _INT_KEYS = {
     "main_process_port",
     "gradient_accumulation_steps",
 }
-_STR_KEYS = {"main_process_ip", "rdzv_backend", "mixed_precision", "accelerator"}
+_STR_KEYS = {
+    "main_process_ip",
+    "rdzv_backend",
+    "mixed_precision",
+    "accelerator",
+    "dynamo_backend",
+    "dynamo_mode",
+}
+_BOOL_KEYS = {"use_cpu", "dynamo_use_fullgraph", "dynamo_use_dynamic"}
+#: Accelerate's ``dynamo_config`` keys that change nothing at these values.
+_NEUTRAL_DYNAMO_KEYS: dict[str, tuple[Any, ...]] = {"dynamo_use_regional_compilation": (False, None)}
 
 
 def default_path() -> Path:
@@ -101,8 +121,15 @@ def check_value(key: str, value: Any, source: str) -> Any:
                 canonical_precision(value)
             except ValueError as error:
                 raise ValueError(f"{source}: mixed_precision: {error}") from None
-    elif key == "use_cpu" and not isinstance(value, bool):
-        raise ValueError(f"{source}: use_cpu must be true or false, got {value!r}.")
+        if key == "dynamo_mode":
+            from drivetrain.utils.dynamo import COMPILE_MODES
+
+            if value not in COMPILE_MODES:
+                raise ValueError(
+                    f"{source}: dynamo_mode must be one of {', '.join(COMPILE_MODES)}, got {value!r}."
+                )
+    elif key in _BOOL_KEYS and not isinstance(value, bool):
+        raise ValueError(f"{source}: {key} must be true or false, got {value!r}.")
     return value
 
 
@@ -123,15 +150,15 @@ def load(path: Path) -> LaunchConfig:
         raise ValueError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}.")
     fields = {field.name for field in dataclasses.fields(LaunchConfig)}
     values: dict[str, Any] = {}
-    ignored = []
-    for key, value in data.items():
+    ignored: list[str] = []
+    for key, value in _with_dynamo_section(data, ignored).items():
         if key in fields:
             values[key] = check_value(key, value, str(path))
         elif key in NEUTRAL_KEYS:
             if value not in NEUTRAL_KEYS[key]:
                 ignored.append(f"{key}: {value!r}")
         elif isinstance(value, dict) and key.endswith("_config"):
-            # Accelerate's deepspeed_config / fsdp_config / dynamo_config … sections.
+            # Accelerate's deepspeed_config / fsdp_config / megatron_lm_config … sections.
             ignored.append(
                 f"{key} (choose the strategy in the script: strategy='deepspeed_stage_2', 'fsdp' …)"
             )
@@ -147,6 +174,23 @@ def load(path: Path) -> LaunchConfig:
             f"chooses its strategy and precision options)."
         )
     return LaunchConfig(**values)
+
+
+def _with_dynamo_section(data: dict[str, Any], ignored: list[str]) -> dict[str, Any]:
+    """``data`` with Accelerate's ``dynamo_config:`` section spread into our ``dynamo_*`` keys."""
+    section = data.get("dynamo_config")
+    if not isinstance(section, dict):
+        return data
+    flat = {key: value for key, value in data.items() if key != "dynamo_config"}
+    for key, value in section.items():
+        if key in _NEUTRAL_DYNAMO_KEYS:
+            if value not in _NEUTRAL_DYNAMO_KEYS[key]:
+                ignored.append(f"dynamo_config.{key}: {value!r}")
+        elif key in ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
+            flat.setdefault(key, value)
+        else:
+            ignored.append(f"dynamo_config.{key}")
+    return flat
 
 
 def save(config: LaunchConfig, path: Path) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain.strategies.launchers.overrides import accumulation_steps
+from drivetrain.strategies.launchers.overrides import accumulation_steps, warn_dynamo_unused_by_trainer
 from drivetrain.trainer.data_connector import check_limit
 
 #: When neither max_epochs nor max_steps nor max_time is set.
@@ -165,6 +165,7 @@ def build_settings(
     # Left unset, ``drivetrain launch --gradient_accumulation_steps`` decides (else 1).
     launched = accumulation_steps(accumulate_grad_batches, "accumulate_grad_batches")
     accumulate = _int("accumulate_grad_batches", 1 if launched is None else launched, 1)
+    warn_dynamo_unused_by_trainer()
     if gradient_clip_val is not None:
         if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float)):
             raise TypeError(f"gradient_clip_val expects a number, got {gradient_clip_val!r}.")
