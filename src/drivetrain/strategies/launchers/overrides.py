@@ -160,8 +160,8 @@ def warn_dynamo_unused_by_trainer() -> None:
     if backend is not None and backend.lower() != "no":
         warnings.warn(
             f"ACCELERATE_DYNAMO_BACKEND={backend!r} (drivetrain launch --dynamo_backend) compiles the models of "
-            f"drivetrain.Accelerator; the Trainer does not read it. Compile inside the TrainingModule (e.g. "
-            f"torch.compile a block in configure_model), and drop the setting.",
+            f"drivetrain.Accelerator; the Trainer does not read it. Pass the compiled module instead "
+            f"(trainer.fit(torch.compile(model, backend={backend.lower()!r}))), and drop the setting.",
             UserWarning,
             stacklevel=3,
         )
