@@ -78,7 +78,8 @@ def test_a_built_trainer_loads_the_callbacks_and_loggers_it_uses_and_no_sharded_
         "import drivetrain as dt; dt.Trainer(accelerator='cpu', devices=1, logger=False, enable_progress_bar=False)"
     )
     callbacks = {m.rsplit(".", 1)[1] for m in loaded if m.startswith("drivetrain.trainer.callbacks.")}
-    assert callbacks <= {"callback", "model_checkpoint", "model_summary", "progress"}, "only the default ones"
+    default_ones = {"callback", "model_checkpoint", "model_summary", "progress", "plain_progress"}
+    assert callbacks <= default_ones, "only the default ones (plain_progress: the bar's lines for a log file)"
     assert not [m for m in loaded if m.startswith("drivetrain.loggers.") and m not in _LOGGER_CORE]
     for absent in (
         "drivetrain.strategies.fsdp",

@@ -18,6 +18,7 @@ from drivetrain.trainer import (
     ThroughputMonitor,
     TQDMProgressBar,
 )
+from drivetrain.trainer.callbacks import progress
 from trainer.trainer_models import Regression, loader, quiet_trainer
 
 
@@ -146,7 +147,11 @@ def test_progress_bar_is_silent_off_rank_zero(
     assert not bar.is_enabled
 
 
-def test_progress_bar_takes_lightnings_refresh_rate(capfd: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_takes_lightnings_refresh_rate(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redraws happen on a terminal (a captured stream gets plain lines): draw as if stderr were one.
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)
     trainer = quiet_trainer(
         max_epochs=1, enable_progress_bar=True, callbacks=[TQDMProgressBar(refresh_rate=4)]
     )

@@ -53,7 +53,7 @@ def _int(name: str, value: Any, minimum: int, extra: str = "") -> int:
     return value
 
 
-def parse_max_time(value: Any) -> datetime.timedelta | None:
+def parse_max_time(value: Any, name: str = "max_time") -> datetime.timedelta | None:
     """``"DD:HH:MM:SS"``, a ``timedelta``, or a dict of ``timedelta`` arguments."""
     if value is None:
         return None
@@ -63,7 +63,7 @@ def parse_max_time(value: Any) -> datetime.timedelta | None:
         match = re.fullmatch(r"(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})", value.strip())
         if not match:
             raise ValueError(
-                f"max_time={value!r}; write it as 'DD:HH:MM:SS' (e.g. '00:12:00:00' for 12 hours)."
+                f"{name}={value!r}; write it as 'DD:HH:MM:SS' (e.g. '00:12:00:00' for 12 hours)."
             )
         days, hours, minutes, seconds = map(int, match.groups())
         duration = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
@@ -72,12 +72,12 @@ def parse_max_time(value: Any) -> datetime.timedelta | None:
             duration = datetime.timedelta(**value)
         except TypeError as error:
             raise ValueError(
-                f"max_time={dict(value)!r}: {error}; use timedelta's keywords (days, hours, minutes, seconds)."
+                f"{name}={dict(value)!r}: {error}; use timedelta's keywords (days, hours, minutes, seconds)."
             ) from None
     else:
-        raise TypeError(f"max_time expects 'DD:HH:MM:SS', a datetime.timedelta or a dict, got {value!r}.")
+        raise TypeError(f"{name} expects 'DD:HH:MM:SS', a datetime.timedelta or a dict, got {value!r}.")
     if duration.total_seconds() <= 0:
-        raise ValueError(f"max_time={value!r} is not a positive duration.")
+        raise ValueError(f"{name}={value!r} is not a positive duration.")
     return duration
 
 

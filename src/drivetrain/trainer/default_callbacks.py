@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from drivetrain._utilities.log import get_logger
@@ -25,6 +26,7 @@ def configure_callbacks(
     from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
     from drivetrain.trainer.callbacks.model_summary import ModelSummary
     from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+    from drivetrain.trainer.hooks import overrides
 
     for flag, value in (
         ("enable_progress_bar", enable_progress_bar),
@@ -65,14 +67,15 @@ def configure_callbacks(
     _default(
         "model summary",
         ModelSummary,
-        ModelSummary,
+        _summary_kind(result),
         result,
         enable_model_summary,
         "enable_model_summary",
         barebones=barebones,
     )
     checkpoints = [cb for cb in result if isinstance(cb, ModelCheckpoint)]
-    keys = [cb.state_key for cb in result]
+    # Only callbacks with state can collide in a checkpoint (two LambdaCallbacks cannot).
+    keys = [cb.state_key for cb in result if overrides(cb, Callback, "state_dict")]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ValueError(
@@ -80,6 +83,18 @@ def configure_callbacks(
             f"Give them different settings, or use one."
         )
     return [cb for cb in result if not isinstance(cb, ModelCheckpoint)] + checkpoints
+
+
+def _summary_kind(callbacks: list[Callback]) -> type:
+    """The default summary: drawn with rich next to a rich progress bar (as Lightning does), else plain."""
+    rich_bars = sys.modules.get("drivetrain.trainer.callbacks.rich_progress")  # unloaded: no rich bar given
+    if rich_bars is not None and any(isinstance(cb, rich_bars.RichProgressBar) for cb in callbacks):
+        from drivetrain.trainer.callbacks.rich_summary import RichModelSummary
+
+        return RichModelSummary
+    from drivetrain.trainer.callbacks.model_summary import ModelSummary
+
+    return ModelSummary
 
 
 def _default(

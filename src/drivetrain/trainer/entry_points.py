@@ -109,7 +109,8 @@ def run_entry_point(trainer: Trainer, fn: TrainerFn) -> Any:
     if trainer._ckpt_path is not None:
         checkpointing.restore_weights(trainer, trainer._ckpt_path)
     if fn == TrainerFn.PREDICTING:
-        return PredictionLoop(trainer, trainer._return_predictions).run()
+        trainer._predict_loop = PredictionLoop(trainer, trainer._return_predictions)
+        return trainer._predict_loop.run()
     stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
     return trainer._run_evaluation(stage)
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from drivetrain.trainer.data_connector import DataConnector
     from drivetrain.trainer.datamodule import DataModule
     from drivetrain.trainer.logger_connector import MetricsHub
+    from drivetrain.trainer.loops.optimization import Optimization
+    from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.state import FitProgress, FitProgressView
 
@@ -44,6 +46,8 @@ class TrainerProperties:
     _model: nn.Module
     _optimizers: list[Any]
     _scheduler_configs: list[Any]
+    _optimization: Optimization
+    _predict_loop: PredictionLoop | None
     _default_root_dir: str
     state: TrainerState
 
@@ -126,8 +130,20 @@ class TrainerProperties:
 
     @property
     def accumulate_grad_batches(self) -> int:
-        """Batches per optimizer step (``drivetrain launch --gradient_accumulation_steps`` when not set)."""
+        """Batches per optimizer step (``drivetrain launch --gradient_accumulation_steps`` when not set).
+
+        Writable during a fit, as :class:`~drivetrain.trainer.callbacks.GradientAccumulationScheduler`
+        does at each epoch start: from the next batch on, the optimizer steps every this many batches.
+        """
         return self._settings.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        from drivetrain.strategies.step_policy import check_accumulation_steps
+
+        steps = check_accumulation_steps(value, "trainer.accumulate_grad_batches")
+        self._optimization.set_accumulation(steps)  # refuses what the running fit cannot honour
+        self._settings.accumulate_grad_batches = steps
 
     @property
     def max_steps(self) -> int:
@@ -295,6 +311,15 @@ class TrainerProperties:
     @property
     def lr_scheduler_configs(self) -> list[Any]:
         return self._scheduler_configs
+
+    @property
+    def predict_loop(self) -> PredictionLoop | None:
+        """The prediction loop of the current (or last) ``predict`` in this process (``None`` before one).
+
+        A prediction writer reads ``current_batch_indices`` (the dataset indices of the batch being
+        predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning.
+        """
+        return self._predict_loop
 
     @property
     def datamodule(self) -> DataModule | None:

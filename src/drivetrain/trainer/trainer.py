@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
+    from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.results import ResultCollection
 
 
@@ -262,6 +263,7 @@ class Trainer(TrainerProperties):
         self._strategy_ready = False
         self._ran_here = False
         self._return_predictions = True
+        self._predict_loop: PredictionLoop | None = None
 
     # -- entry points -----------------------------------------------------------------------
     def fit(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -93,12 +94,33 @@ def _plain(module: nn.Module) -> bool:
     return all(type(p.data) is torch.Tensor and not hasattr(p, "ds_id") for p in module.parameters())
 
 
-def summarize(module: nn.Module, max_depth: int = 1, example_input: Any = None, precision: Any = None) -> str:
-    """A table of ``module``'s submodules down to ``max_depth`` with their parameter counts, and totals.
+@dataclass
+class SummaryData:
+    """What a model summary shows: one row per layer down to the depth asked, and the totals."""
 
-    With ``example_input`` (the module's ``example_input_array``), the module runs it once and the
-    table shows each layer's input and output sizes (``"?"`` for a layer the run did not reach).
-    """
+    header: list[str]
+    rows: list[tuple[Any, ...]]
+    trainable: int
+    frozen: int
+    size_mb: float
+    #: The whole module's input and output sizes (when an example input ran), else ``None``.
+    input_output: tuple[Any, Any] | None = None
+
+    @property
+    def totals(self) -> list[tuple[str, str]]:
+        """(value, label) lines under the table."""
+        return [
+            (_human(self.trainable), "trainable params"),
+            (_human(self.frozen), "non-trainable params"),
+            (_human(self.trainable + self.frozen), "total params"),
+            (f"{self.size_mb:.3f}", "total estimated model params size (MB)"),
+        ]
+
+
+def summary_data(
+    module: nn.Module, max_depth: int = 1, example_input: Any = None, precision: Any = None
+) -> SummaryData:
+    """The rows and totals of ``module``'s summary (see :func:`summarize`)."""
     layers = [
         (name, child) for name, child in module.named_modules() if name and name.count(".") + 1 <= max_depth
     ]
@@ -119,13 +141,23 @@ def summarize(module: nn.Module, max_depth: int = 1, example_input: Any = None, 
     trainable, frozen = _count(module)
     size_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 1e6
     header = ["", "Name", "Type", "Params", "Mode"] + (["In sizes", "Out sizes"] if sizes is not None else [])
-    table = format_table(header, rows) if rows else "(no submodules)"
-    if sizes is not None:
-        table += f"\nInput: {sizes[''][0]}  Output: {sizes[''][1]}"
-    totals = (
-        f"{_human(trainable):>10}  trainable params\n{_human(frozen):>10}  non-trainable params\n"
-        f"{_human(trainable + frozen):>10}  total params\n{size_mb:>10.3f}  total estimated model params size (MB)"
-    )
+    return SummaryData(header, rows, trainable, frozen, size_mb, sizes[""] if sizes is not None else None)
+
+
+def summarize(module: nn.Module, max_depth: int = 1, example_input: Any = None, precision: Any = None) -> str:
+    """A table of ``module``'s submodules down to ``max_depth`` with their parameter counts, and totals.
+
+    With ``example_input`` (the module's ``example_input_array``), the module runs it once and the
+    table shows each layer's input and output sizes (``"?"`` for a layer the run did not reach).
+    """
+    return _text(summary_data(module, max_depth, example_input, precision))
+
+
+def _text(data: SummaryData) -> str:
+    table = format_table(data.header, data.rows) if data.rows else "(no submodules)"
+    if data.input_output is not None:
+        table += f"\nInput: {data.input_output[0]}  Output: {data.input_output[1]}"
+    totals = "\n".join(f"{value:>10}  {label}" for value, label in data.totals)
     return f"{table}\n{totals}"
 
 
@@ -149,4 +181,8 @@ class ModelSummary(Callback):
         if example is not None and not _plain(pl_module):
             _log.info("The model summary shows no layer sizes: the parameters are sharded across processes.")
             example = None
-        _log.info(summarize(pl_module, depth, example, trainer.precision_plugin))
+        self.show(summary_data(pl_module, depth, example, trainer.precision_plugin))
+
+    def show(self, data: SummaryData) -> None:
+        """Present the summary (an INFO message of the ``drivetrain`` logger); subclasses render it their way."""
+        _log.info(_text(data))

@@ -4,6 +4,11 @@ Bars are drawn on global rank 0 only. Messages written while a bar is on screen 
 log messages, ``TrainingModule.print``) go above it through tqdm, so the bar line stays whole. To keep the per-step cost near zero the bar counts
 batches and redraws at most every ``refresh_interval`` seconds; only then are the ``prog_bar``
 metrics read (the one moment their values leave the device).
+
+Output that is not a terminal (a log file, a pipe) gets plain lines instead of redrawn bars (a
+bar redraws with carriage returns, which a file keeps as thousands of fragments): one line per
+stage when it ends (an epoch, a validation run …), and one at most every ``log_interval``
+seconds while it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import console
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.callbacks.plain_progress import PlainProgress, is_terminal, short
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -82,7 +88,7 @@ class _Bar:
         if postfix is not None:
             metrics = postfix() if callable(postfix) else postfix
             if metrics:
-                self.bar.set_postfix({k: _short(v) for k, v in metrics.items()}, refresh=False)
+                self.bar.set_postfix({k: short(v) for k, v in metrics.items()}, refresh=False)
         self.bar.update(self.pending)
         self.pending = 0
         self.next_draw = (now if now is not None else time.monotonic()) + self.interval
@@ -91,44 +97,56 @@ class _Bar:
         self.draw(postfix)
         self.bar.close()
 
+    def discard(self) -> None:
+        self.bar.close()
 
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
+class StageBars(ProgressBar):
+    """What the built-in bars share: one bar per epoch of training and one per evaluation, counting
+    batches, with the ``prog_bar`` metrics; plain lines when the output is not a terminal.
 
-class TQDMProgressBar(ProgressBar):
-    """Bars for training epochs, validation, test and predict, drawn with ``tqdm`` on global rank 0.
-
-    Args:
-        refresh_rate: redraw every this many batches, as in Lightning (``0`` turns the bar off).
-            Unset, the bar redraws by time (``refresh_interval``), which costs less on fast steps.
-        leave: keep each epoch's training bar on screen when the next begins.
-        refresh_interval: the least time in seconds between two redraws (when ``refresh_rate`` is unset).
+    Subclasses provide :meth:`_bar`.
     """
 
     def __init__(
-        self, refresh_rate: int | None = None, leave: bool = True, *, refresh_interval: float | None = None
+        self,
+        refresh_rate: int | None,
+        leave: bool,
+        refresh_interval: float | None,
+        log_interval: float,
     ) -> None:
+        kind = type(self).__name__
         if refresh_rate is not None:
             if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
                 raise ValueError(
-                    f"TQDMProgressBar(refresh_rate={refresh_rate!r}); use a number of batches >= 1 (0 turns the bar "
+                    f"{kind}(refresh_rate={refresh_rate!r}); use a number of batches >= 1 (0 turns the bar "
                     f"off), or refresh_interval=<seconds>."
                 )
             if refresh_interval is not None:
                 raise ValueError(
-                    f"TQDMProgressBar(refresh_rate={refresh_rate}, refresh_interval={refresh_interval}): give one; "
+                    f"{kind}(refresh_rate={refresh_rate}, refresh_interval={refresh_interval}): give one; "
                     f"refresh_rate counts batches, refresh_interval seconds."
                 )
         if refresh_interval is not None and refresh_interval < 0:
-            raise ValueError(f"TQDMProgressBar(refresh_interval={refresh_interval}); use a value >= 0.")
+            raise ValueError(f"{kind}(refresh_interval={refresh_interval}); use a value >= 0.")
+        if isinstance(log_interval, bool) or not isinstance(log_interval, (int, float)) or log_interval < 0:
+            raise ValueError(f"{kind}(log_interval={log_interval!r}); use a number of seconds >= 0.")
+        self.log_interval = float(log_interval)
         self.refresh_rate = refresh_rate
         self.refresh_interval = refresh_interval if refresh_interval is not None else 0.1
         self.leave = leave
         if refresh_rate == 0:
             self.disable()
-        self._train: _Bar | None = None
-        self._eval: _Bar | None = None
+        self._train: Any = None
+        self._eval: Any = None
+
+    def _bar(self, description: str, total: float, *, training: bool, transient: bool = False) -> Any:
+        """A bar for one stage: ``advance(postfix)``, ``draw(postfix)``, ``close(postfix)``, ``discard()``.
+
+        ``training``: an epoch's bar (else an evaluation's); ``transient``: gone once closed (validation
+        inside a fit), where the drawing allows it.
+        """
+        raise NotImplementedError
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if not trainer.is_global_zero:
@@ -137,8 +155,8 @@ class TQDMProgressBar(ProgressBar):
     def teardown(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         for bar in (self._train, self._eval):
             if bar is not None:
-                bar.bar.close()
-        self._train = self._eval = None  # tqdm objects must not travel with a pickled Trainer
+                bar.discard()
+        self._train = self._eval = None  # drawing objects must not travel with a pickled Trainer
 
     def _metrics(self, trainer: Trainer, pl_module: TrainingModule) -> Any:
         return lambda: self.get_metrics(trainer, pl_module)
@@ -147,15 +165,7 @@ class TQDMProgressBar(ProgressBar):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if not self._enabled:
             return
-        total = trainer.num_training_batches
-        self._train = _Bar(
-            f"Epoch {trainer.current_epoch}",
-            total,
-            self.leave,
-            0,
-            self.refresh_interval,
-            self.refresh_rate or 0,
-        )
+        self._train = self._bar(f"Epoch {trainer.current_epoch}", trainer.num_training_batches, training=True)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
@@ -170,12 +180,13 @@ class TQDMProgressBar(ProgressBar):
             self._train = None
 
     # -- evaluation ------------------------------------------------------------------------------
-    def _open_eval(self, trainer: Trainer, description: str, lengths: list[int | float]) -> None:
+    def _open_eval(
+        self, trainer: Trainer, description: str, lengths: list[int | float], transient: bool = False
+    ) -> None:
         if not self._enabled:
             return
         total = sum(lengths) if lengths else 0
-        position = 1 if self._train is not None else 0
-        self._eval = _Bar(description, total, False, position, self.refresh_interval, self.refresh_rate or 0)
+        self._eval = self._bar(description, total, training=False, transient=transient)
 
     def _advance_eval(self) -> None:
         if self._eval is not None:
@@ -188,9 +199,9 @@ class TQDMProgressBar(ProgressBar):
 
     def on_validation_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if trainer.sanity_checking:
-            self._open_eval(trainer, "Sanity checking", trainer.num_sanity_val_batches)
+            self._open_eval(trainer, "Sanity checking", trainer.num_sanity_val_batches, transient=True)
         else:
-            self._open_eval(trainer, "Validation", trainer.num_val_batches)
+            self._open_eval(trainer, "Validation", trainer.num_val_batches, transient=True)
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()
@@ -220,3 +231,33 @@ class TQDMProgressBar(ProgressBar):
 
     def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
         self.teardown(trainer, pl_module, "")
+
+
+class TQDMProgressBar(StageBars):
+    """Bars for training epochs, validation, test and predict, drawn with ``tqdm`` on global rank 0.
+
+    Args:
+        refresh_rate: redraw every this many batches, as in Lightning (``0`` turns the bar off).
+            Unset, the bar redraws by time (``refresh_interval``), which costs less on fast steps.
+        leave: keep each epoch's training bar on screen when the next begins.
+        refresh_interval: the least time in seconds between two redraws (when ``refresh_rate`` is unset).
+        log_interval: when standard error is not a terminal (a log file), the least time in seconds
+            between two progress lines; each epoch and evaluation also gets a line when it ends.
+    """
+
+    def __init__(
+        self,
+        refresh_rate: int | None = None,
+        leave: bool = True,
+        *,
+        refresh_interval: float | None = None,
+        log_interval: float = 30.0,
+    ) -> None:
+        super().__init__(refresh_rate, leave, refresh_interval, log_interval)
+
+    def _bar(self, description: str, total: float, *, training: bool, transient: bool = False) -> Any:
+        if not is_terminal(sys.stderr):
+            return PlainProgress(description, total, console.write, self.log_interval)
+        # An evaluation inside an epoch draws below the epoch's bar and leaves no trace.
+        leave, position = (self.leave, 0) if training else (False, 1 if self._train is not None else 0)
+        return _Bar(description, total, leave, position, self.refresh_interval, self.refresh_rate or 0)

@@ -198,6 +198,30 @@ class Optimization:
         self.step = self._general_step if general else self._automatic_step
         self._stepping_optimizer = HookedOptimizer(self.optimizer, self)
 
+    def set_accumulation(self, steps: int) -> None:
+        """Step every ``steps`` batches from the next batch on (``trainer.accumulate_grad_batches = steps``).
+
+        Before a fit is set up there is nothing to change: the fit reads the Trainer's setting.
+        """
+        accumulation = getattr(self, "accumulation", None)
+        if accumulation is None:
+            return
+        if steps != 1:
+            module = self.module
+            if not module.automatic_optimization:
+                raise ValueError(
+                    f"trainer.accumulate_grad_batches = {steps}: the Trainer accumulates in automatic optimisation "
+                    f"only, but {type(module).__name__}.automatic_optimization is False. Step the optimizer every "
+                    f"N batches in training_step instead."
+                )
+            if getattr(self, "closure_required", False):
+                raise ValueError(
+                    f"trainer.accumulate_grad_batches = {steps}: {type(self.optimizer).__name__} re-evaluates the "
+                    f"loss through a closure, which cannot be combined with accumulation. Keep it at 1."
+                )
+        accumulation.num_steps = steps
+        self._scale_loss = accumulation.scale_loss if steps != 1 else None
+
     def start_epoch(self, batches_done: int) -> None:
         """Accumulation windows restart with each epoch (``batches_done`` > 0 when one is resumed)."""
         self.accumulation.reset(batches_done)

@@ -4,11 +4,21 @@ Each rank predicts its share of the batches (dealt round-robin by the data layer
 twice); the per-batch outputs are gathered to every rank at the end and the loader puts them back
 in the order of its batches (:meth:`~drivetrain.data.PreparedDataLoader.merge_process_results`),
 which is dataset order for a loader that does not shuffle.
+
+While it runs, ``trainer.predict_loop`` is this loop: a prediction writer reads which dataset
+items each batch holds (:attr:`PredictionLoop.current_batch_indices`) and, at the end, this
+process's predictions with their items (:attr:`PredictionLoop.predictions`,
+:attr:`PredictionLoop.epoch_batch_indices`), as in Lightning.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader
 
 from drivetrain.trainer.loops.evaluation import (
     enter_eval_mode,
@@ -31,6 +41,24 @@ class PredictionLoop:
     def __init__(self, trainer: Trainer, return_predictions: bool) -> None:
         self.trainer = trainer
         self.return_predictions = return_predictions
+        #: The dataset indices of the items in the batch being predicted (``None`` when the loader has
+        #: no batch sampler to read them from, such as an iterable dataset).
+        self.current_batch_indices: list[int] | None = None
+        self._predictions: list[list[Any]] = []
+        self._batch_indices: list[list[Any]] = []
+
+    @property
+    def predictions(self) -> list[Any]:
+        """This process's predictions so far: one per batch (a list per loader when there are several).
+
+        Kept when ``return_predictions`` is on or a prediction writer writes per epoch.
+        """
+        return self._predictions[0] if len(self._predictions) == 1 else self._predictions
+
+    @property
+    def epoch_batch_indices(self) -> list[Any]:
+        """The dataset indices of each batch this process predicted, shaped like :attr:`predictions`."""
+        return self._batch_indices[0] if len(self._batch_indices) == 1 else self._batch_indices
 
     def run(self) -> Any:
         trainer = self.trainer
@@ -44,35 +72,44 @@ class PredictionLoop:
         step = step_function(trainer, "predict_step")
         batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
         several = len(loaders) > 1
-        outputs: list[list[Any]] = []
+        keep = self.return_predictions or _writes_per_epoch(trainer.callbacks)
+        self._predictions = []
+        self._batch_indices = []
         hooks.call("on_predict_start")
         hooks.call("on_predict_epoch_start")
         with grad_context(trainer):
             for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                 collected: list[Any] = []
+                self._predictions.append(collected)
                 extra = (dataloader_idx,) if several else ()
                 batch = padding.shared_batch(dataloader_idx, loader)
                 cut = limit_below_length(loader, length) if length else 0
-                for batch_idx, batch in enumerate(loader if length else ()):
-                    if batch_idx >= length:
-                        break
-                    if batch_start is not None:
-                        batch_start(batch, batch_idx, dataloader_idx)
-                    output = step(batch, batch_idx, *extra)
-                    if batch_end is not None:
-                        batch_end(output, batch, batch_idx, dataloader_idx)
-                    if self.return_predictions:
-                        collected.append(output)
-                    if batch_idx + 1 == cut:
-                        break  # without reading (and placing) a batch beyond the limit
+                done = 0
+                with _recording_indices(loader) as seen:
+                    for batch_idx, batch in enumerate(loader if length else ()):
+                        if batch_idx >= length:
+                            break
+                        self.current_batch_indices = seen[batch_idx] if batch_idx < len(seen) else None
+                        if batch_start is not None:
+                            batch_start(batch, batch_idx, dataloader_idx)
+                        output = step(batch, batch_idx, *extra)
+                        if batch_end is not None:
+                            batch_end(output, batch, batch_idx, dataloader_idx)
+                        if keep:
+                            collected.append(output)
+                        done = batch_idx + 1
+                        if done == cut:
+                            break  # without reading (and placing) a batch beyond the limit
+                del seen[done:]  # read ahead (workers, the limit's look-ahead) but not predicted
+                self._batch_indices.append(seen)
                 padding.run(dataloader_idx, step, batch, extra)
-                outputs.append(collected)
         hooks.call("on_predict_epoch_end")
         hooks.call("on_predict_end")
         leave_eval_mode(trainer, "predict", modes)
+        self.current_batch_indices = None
         if not self.return_predictions:
             return None
-        outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, outputs)]
+        outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, self._predictions)]
         return outputs if several else (outputs[0] if outputs else [])
 
     def _gather(self, loader: Any, collected: list[Any]) -> list[Any]:
@@ -83,3 +120,50 @@ class PredictionLoop:
 
         gathered = strategy.all_gather_object(move_to_device(collected, "cpu"))
         return loader.merge_process_results(gathered)
+
+
+def _writes_per_epoch(callbacks: list[Any]) -> bool:
+    writers = sys.modules.get("drivetrain.trainer.callbacks.prediction_writer")  # unloaded: no writer given
+    if writers is None:
+        return False
+    return any(isinstance(cb, writers.BasePredictionWriter) and cb.interval.on_epoch for cb in callbacks)
+
+
+class _IndexRecorder:
+    """A loader's batch sampler that also keeps the index lists it hands out, in order.
+
+    Workers read ahead, so the loop takes batch ``i``'s indices from position ``i`` rather than
+    from the latest list.
+    """
+
+    def __init__(self, batch_sampler: Any, seen: list[Any]) -> None:
+        self.inner = batch_sampler
+        self.seen = seen
+
+    def __iter__(self) -> Any:
+        for indices in self.inner:
+            self.seen.append(list(indices))
+            yield indices
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+
+@contextlib.contextmanager
+def _recording_indices(loader: Any) -> Iterator[list[Any]]:
+    """The list that fills with each batch's dataset indices while ``loader`` is iterated (it stays
+    empty when the loader has no batch sampler, as with an iterable dataset)."""
+    seen: list[Any] = []
+    batch_sampler = getattr(loader, "batch_sampler", None) if isinstance(loader, DataLoader) else None
+    if batch_sampler is None:
+        yield seen
+        return
+    # DataLoader refuses a new batch sampler once built; the swap lasts for this loop only.
+    object.__setattr__(loader, "batch_sampler", _IndexRecorder(batch_sampler, seen))
+    try:
+        yield seen
+    finally:
+        object.__setattr__(loader, "batch_sampler", batch_sampler)
