@@ -374,15 +374,13 @@ def test_spike_detection_skips_the_spiking_step(tmp_path: Path) -> None:
 
 def test_spike_detection_tolerances_and_errors(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    lenient = SpikeDetection(
-        action="warn", atol=1e9, exclude_batches_path=tmp_path
-    )  # a rise must exceed 1e9 to count
+    # A rise must exceed 1e9 to count.
+    lenient = SpikeDetection(action="warn", atol=1e9, exclude_batches_path=tmp_path)
     quiet_trainer(max_epochs=1, callbacks=[lenient]).fit(Spiky({3}), loader())
     assert lenient.spikes == []
     torch.manual_seed(0)
-    relative = SpikeDetection(
-        action="warn", rtol=None, atol=None, warmup=2
-    )  # any rise counts after 2 batches
+    # Any rise counts after 2 batches.
+    relative = SpikeDetection(action="warn", rtol=None, atol=None, warmup=2, exclude_batches_path=tmp_path)
     quiet_trainer(max_epochs=1, callbacks=[relative]).fit(Spiky({3}), loader())
     assert 3 in [spike["batch_idx"] for spike in relative.spikes]
     with pytest.raises(ValueError, match="use one of raise, warn, skip"):
