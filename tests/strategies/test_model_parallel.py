@@ -91,18 +91,29 @@ def test_accelerator_trains_like_one_process_and_shares_data_over_data_parallel_
 
 
 class TPRegression(Regression):
-    """Lightning's pattern: tensor parallelism applied in configure_model on self.device_mesh."""
+    """Lightning's pattern: tensor parallelism applied in configure_model on self.device_mesh.
+
+    With ``shard_itself``, configure_model applies fully_shard over the data-parallel mesh too,
+    block by block (as Lightning's examples do); otherwise the strategy does.
+    """
+
+    shard_itself = False
 
     def configure_model(self) -> None:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         tp_mesh = self.device_mesh["tensor_parallel"]
         if tp_mesh.size() > 1 and not isinstance(self.net[0].weight, DTensor):
             parallelize_module(self.net, tp_mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
+        if self.shard_itself and not isinstance(self.net, FSDPModule):
+            dp_mesh = self.device_mesh["data_parallel"]
+            fully_shard(self.net[0], mesh=dp_mesh)
+            fully_shard(self.net, mesh=dp_mesh)
 
 
-def _trainer_rank(rank: int, world_size: int, layout: ParallelLayout) -> dict[str, Any]:
+def _trainer_rank(rank: int, world_size: int, layout: ParallelLayout, shard_itself: bool) -> dict[str, Any]:
     # The model ends in the row-wise layer, whose output is a view of the all-reduced tensor, and
     # FSDP2 warns that an in-place op on it would skip its backward hook; the step makes none.
     warnings.filterwarnings(
@@ -110,22 +121,32 @@ def _trainer_rank(rank: int, world_size: int, layout: ParallelLayout) -> dict[st
     )
     torch.manual_seed(0)
     model = TPRegression(lr=0.1)
-    trainer = quiet_trainer(strategy=ModelParallelStrategy(layout=layout), devices=4, max_epochs=2)
+    model.shard_itself = shard_itself
+    # Two batches per step for one epoch: the no-sync context of accumulation covers every FSDP group.
+    trainer = quiet_trainer(
+        strategy=ModelParallelStrategy(layout=layout), devices=4, max_epochs=2, accumulate_grad_batches=2
+    )
     trainer.fit(model, loader(regression_data(64), batch_size=4))
     return {"state": trainer.strategy.get_module_state_dict(model), "steps": trainer.global_step}
 
 
 @pytest.mark.parametrize(
-    ("layout", "data_parallel"),
-    [(ParallelLayout(dp_shard=2, tp=2), 2), (ParallelLayout(dp_replicate=2, dp_shard=2), 4)],
-    ids=["tp2_x_fsdp2", "hsdp_2x2"],
+    ("layout", "data_parallel", "shard_itself"),
+    [
+        (ParallelLayout(dp_shard=2, tp=2), 2, False),
+        (ParallelLayout(dp_shard=2, tp=2), 2, True),
+        (ParallelLayout(dp_replicate=2, dp_shard=2), 4, False),
+    ],
+    ids=["tp2_x_fsdp2", "tp2_x_fsdp2_sharded_in_configure_model", "hsdp_2x2"],
 )
-def test_trainer_trains_like_one_process(layout: ParallelLayout, data_parallel: int) -> None:
-    main = run_processes(_trainer_rank, 4, args=(layout,), timeout=200)[0]
+def test_trainer_trains_like_one_process(
+    layout: ParallelLayout, data_parallel: int, shard_itself: bool
+) -> None:
+    main = run_processes(_trainer_rank, 4, args=(layout, shard_itself), timeout=200)[0]
     # The one-process run in a child too: a Trainer run in the test process would leave torch's
     # thread pool there, and a later test forking from it can hang in its children.
     single = run_processes(_single_trainer, 1, args=(4 * data_parallel,), process_group=False, timeout=200)[0]
-    assert main["steps"] == single["steps"] == 2 * 64 // (4 * data_parallel)
+    assert main["steps"] == single["steps"] == 64 // (4 * data_parallel)
     for key, expected in single["state"].items():
         torch.testing.assert_close(main["state"][key], expected, atol=1e-5, rtol=0)
 
@@ -133,7 +154,7 @@ def test_trainer_trains_like_one_process(layout: ParallelLayout, data_parallel: 
 def _single_trainer(rank: int, world_size: int, batch_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Regression(lr=0.1)
-    trainer = quiet_trainer(max_epochs=2)
+    trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=2)
     trainer.fit(model, loader(regression_data(64), batch_size=batch_size))  # the combined batches
     return {"state": model.state_dict(), "steps": trainer.global_step}
 
@@ -260,13 +281,26 @@ def _mistakes(rank: int, world_size: int) -> list[str]:
         trainer.fit(Regression(), loader(regression_data(16), batch_size=4))  # tp=2, but nothing is split
     except ValueError as error:
         errors.append(str(error))
+    trainer = quiet_trainer(strategy=ModelParallelStrategy(2, 1), devices=2, max_epochs=1)
+    try:
+        trainer.fit(PartlySharded(), loader(regression_data(16), batch_size=4))
+    except ValueError as error:
+        errors.append(str(error))
     return errors
+
+
+class PartlySharded(Regression):
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.net[0], mesh=self.device_mesh["data_parallel"])  # net.3 left out
 
 
 def test_tensor_parallel_mistakes_are_clear_errors() -> None:
     errors = run_processes(_mistakes, 2, timeout=200)[0]
-    assert len(errors) == 4, errors
+    assert len(errors) == 5, errors
     assert "tp_plan entry 'missing' matches no submodule of TPNet" in errors[0]
     assert "got a tp_plan, but the layout has tp=1" in errors[1]
     assert "0.weight (shape (5, 4)) is split along dimension 0 of size 5 over tp=2 ranks" in errors[2]
     assert "The layout has tp=2, but Regression has no tensor-parallel parameters" in errors[3]
+    assert "2 parameter(s) are in no FSDP group (net.3.weight, net.3.bias)" in errors[4]

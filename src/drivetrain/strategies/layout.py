@@ -12,12 +12,13 @@ A :class:`ParallelLayout` says how many ranks each kind of parallelism spans::
 * ``tp`` (tensor parallel): ranks that split each layer's matrices (``parallelize_module``).
 
 It is checked once, against the world size and the device type, and then builds one torch
-``DeviceMesh`` with the dimensions ``("dp_replicate", "dp_shard", "context_parallel",
-"tensor_parallel")`` (rank-major in that order, so the ranks of one tensor-parallel group are
-neighbours, on one node where possible). Named sub-meshes come from :meth:`ParallelLayout.submesh`:
-those four, ``"data_parallel"`` (replicate x shard: the ranks that read different data) and
-``"dp_shard_cp"`` (shard x cp: the ranks FSDP shards over). Short names work too: ``"dp"``,
-``"tp"``, ``"cp"``.
+``DeviceMesh``, rank-major (the ranks of one tensor-parallel group are neighbours, on one node
+where possible). Without replication and context parallelism it is Lightning's 2-D mesh
+``("data_parallel", "tensor_parallel")``; otherwise it has the dimensions ``("dp_replicate",
+"dp_shard", "context_parallel", "tensor_parallel")`` and the flattened ``"data_parallel"``
+(replicate x shard: the ranks that read different data) and ``"dp_shard_cp"`` (shard x cp: the
+ranks FSDP shards over). :meth:`ParallelLayout.submesh` hands out each by name (short names
+``"dp"``, ``"tp"``, ``"cp"`` too), keeping the flattened ones itself as torch asks.
 
 :class:`ParallelismConfig` is the same thing under Accelerate's name and field names
 (``dp_replicate_size``, ``dp_shard_size``, ``tp_size``, ``cp_size``).
@@ -76,6 +77,7 @@ class ParallelLayout:
         self.tp: int | str = sizes["tp"]
         self.cp: int | str = sizes["cp"]
         self._mesh: Any = None
+        self._named: dict[str, Any] = {}
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -194,10 +196,27 @@ class ParallelLayout:
                 f"after the strategy's setup_environment()."
             )
         self.check_device(device_type)
-        mesh = init_device_mesh(device_type, (r, s, c, t), mesh_dim_names=DIMENSIONS)
-        mesh["dp_replicate", "dp_shard"]._flatten("data_parallel")
-        if c > 1:
-            mesh["dp_shard", "context_parallel"]._flatten("dp_shard_cp")
+        named: dict[str, Any]
+        if r == 1 and c == 1:
+            # Lightning's mesh: two dimensions, nothing flattened (torch deprecates slicing a
+            # flattened dimension from the root mesh, so self.device_mesh["data_parallel"] must be real).
+            mesh = init_device_mesh(device_type, (s, t), mesh_dim_names=("data_parallel", "tensor_parallel"))
+            data = mesh["data_parallel"]
+            named = {
+                "data_parallel": data,
+                "dp_shard": data,
+                "dp_shard_cp": data,
+                "tensor_parallel": mesh["tensor_parallel"],
+            }
+        else:
+            mesh = init_device_mesh(device_type, (r, s, c, t), mesh_dim_names=DIMENSIONS)
+            named = {name: mesh[name] for name in DIMENSIONS}
+            # Flattened meshes are kept here, as torch asks ("bookkeep the flattened mesh directly").
+            named["data_parallel"] = mesh["dp_replicate", "dp_shard"]._flatten("data_parallel")
+            named["dp_shard_cp"] = (
+                mesh["dp_shard", "context_parallel"]._flatten("dp_shard_cp") if c > 1 else named["dp_shard"]
+            )
+        self._named = named
         self._mesh = mesh
         return mesh
 
@@ -223,18 +242,20 @@ class ParallelLayout:
                 f"The parallel layout has no sub-mesh {name!r}; use one of {', '.join(map(repr, SUBMESH_NAMES))} "
                 f"(or 'dp', 'tp', 'cp')."
             )
-        mesh = self.mesh
-        if canonical == "dp_shard_cp" and int(self.cp) == 1:
-            canonical = "dp_shard"
-        return mesh[canonical]
+        _ = self.mesh  # raises if not built yet
+        if canonical not in self._named:
+            raise ValueError(
+                f"This layout's mesh has no {canonical!r} dimension: with dp_replicate=1 and cp=1 it has Lightning's "
+                f"two, 'data_parallel' x 'tensor_parallel' (also reachable as 'dp_shard'). Ask for one of those."
+            )
+        return self._named[canonical]
 
     def fsdp_mesh(self) -> Any:
         """The mesh ``fully_shard`` shards over: ``dp_shard x cp`` ranks, 2-D with ``dp_replicate`` (HSDP)."""
         mesh = self.mesh
-        shard = "dp_shard_cp" if int(self.cp) > 1 else "dp_shard"
-        if int(self.dp_replicate) > 1:
-            return mesh["dp_replicate", shard]
-        return mesh[shard]
+        if int(self.dp_replicate) == 1:
+            return self._named["dp_shard_cp"]
+        return mesh["dp_replicate", "dp_shard_cp" if int(self.cp) > 1 else "dp_shard"]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ParallelLayout):
@@ -252,6 +273,7 @@ class ParallelLayout:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_mesh"] = None  # process groups do not cross processes
+        state["_named"] = {}
         return state
 
     def __repr__(self) -> str:

@@ -30,8 +30,8 @@ Example (Trainer, as in Lightning)::
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -174,11 +174,13 @@ class ModelParallelStrategy(FSDPStrategy):
 
     @property
     def device_mesh(self) -> Any:
-        """The job's ``DeviceMesh`` with the dimensions ``dp_replicate``, ``dp_shard``,
-        ``context_parallel``, ``tensor_parallel`` (and the flattened ``data_parallel``).
+        """The job's ``DeviceMesh``: Lightning's ``("data_parallel", "tensor_parallel")``, or, with
+        replication or context parallelism, ``("dp_replicate", "dp_shard", "context_parallel",
+        "tensor_parallel")`` (see :mod:`drivetrain.strategies.layout`).
 
         ``self.device_mesh["tensor_parallel"]`` in ``configure_model`` is the mesh to give
-        ``parallelize_module``; ``["data_parallel"]`` spans the ranks that read different data.
+        ``parallelize_module``; ``strategy.layout.submesh("data_parallel")`` spans the ranks that
+        read different data under every layout.
         """
         return self.layout.build_mesh(self.root_device.type)
 
@@ -226,7 +228,11 @@ class ModelParallelStrategy(FSDPStrategy):
         apply_activation_checkpointing(module, self._checkpoint_predicate)
         on_meta = has_meta_tensors(module)
         shards = layout.data_parallel_size * int(layout.cp) > 1
-        if shards and not isinstance(module, FSDPModule):
+        # Lightning's pattern: configure_model() applied fully_shard itself (to blocks, then the model).
+        sharded_by_user = any(isinstance(m, FSDPModule) for m in module.modules())
+        if shards and sharded_by_user:
+            _check_data_parallel_coverage(module)
+        elif shards:
             policy = (
                 self.mixed_precision or fsdp_mixed_precision_policy(self.precision) or MixedPrecisionPolicy()
             )
@@ -256,9 +262,10 @@ class ModelParallelStrategy(FSDPStrategy):
         """FSDP's local accumulation; nothing for tensor parallel alone, whose reductions are part of the maths."""
         from torch.distributed.fsdp import FSDPModule
 
-        if not enabled or not isinstance(module, FSDPModule):
+        sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not enabled or not sharded:
             return nullcontext()
-        return super().no_backward_sync(module, enabled)
+        return _gradient_sync_off(sharded)
 
     def context_parallel(
         self, buffers: Sequence[torch.Tensor], seq_dims: Sequence[int], no_restore_buffers: Any = None
@@ -312,6 +319,44 @@ class ModelParallelStrategy(FSDPStrategy):
     def __repr__(self) -> str:
         layout = self._layout or self._requested or "auto"
         return f"ModelParallelStrategy({layout!r}, precision={self._precision!r})"
+
+
+@contextmanager
+def _gradient_sync_off(modules: list[Any]) -> Iterator[None]:
+    # Every FSDP module: configure_model() may have sharded blocks without sharding the root.
+    for module in modules:
+        module.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.set_requires_gradient_sync(True, recurse=False)
+
+
+def _check_data_parallel_coverage(module: nn.Module) -> None:
+    """Raise if ``configure_model`` sharded part of the model and left parameters out of every FSDP group.
+
+    Those would be neither sharded nor synchronised over the data-parallel ranks, so the ranks'
+    copies would drift apart without any error.
+    """
+    from torch.distributed.tensor import DTensor
+
+    data_parallel = {"dp_replicate", "dp_shard", "data_parallel", "dp_shard_cp"}
+    left_out = [
+        name
+        for name, parameter in module.named_parameters()
+        if not (
+            isinstance(parameter, DTensor) and data_parallel & set(parameter.device_mesh.mesh_dim_names or ())
+        )
+    ]
+    if left_out:
+        shown = ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else "")
+        raise ValueError(
+            f"configure_model() applied fully_shard to parts of {type(module).__name__}, but {len(left_out)} "
+            f"parameter(s) are in no FSDP group ({shown}): they would not be synchronised over the data-parallel "
+            f"ranks. Apply fully_shard to the module holding them as well (e.g. the whole model, last, over "
+            f"self.device_mesh['data_parallel']), or leave fully_shard to the strategy."
+        )
 
 
 def _holds_dtensors(module: nn.Module) -> bool:
