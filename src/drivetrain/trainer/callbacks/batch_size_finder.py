@@ -30,6 +30,8 @@ class BatchSizeFinder(Callback):
         max_trials: the most trials while growing and bisecting.
         batch_arg_name: the attribute holding the batch size.
         max_memory: on the CPU, the memory a trial may use: bytes, or a size such as ``"2GB"``/``"512MiB"``.
+        margin: in binsearch mode, keep this fraction below the largest size that fitted (a safety buffer).
+        max_val: never try a larger batch size.
 
     Example:
         >>> trainer = Trainer(callbacks=[BatchSizeFinder(mode="binsearch", max_memory="4GB")])  # doctest: +SKIP
@@ -44,10 +46,16 @@ class BatchSizeFinder(Callback):
         max_trials: int = 25,
         batch_arg_name: str = "batch_size",
         max_memory: int | str | None = None,
+        margin: float = 0.05,
+        max_val: int = 8192,
     ) -> None:
         from drivetrain.trainer.tuner.batch_size import check_scale_arguments
 
-        check_scale_arguments(mode, steps_per_trial, init_val, max_trials, batch_arg_name, max_memory)
+        check_scale_arguments(
+            mode, steps_per_trial, init_val, max_trials, batch_arg_name, max_memory, margin, max_val
+        )
+        self._margin = margin
+        self._max_val = max_val
         self._mode = mode
         self._steps_per_trial = steps_per_trial
         self._init_val = init_val
@@ -72,6 +80,8 @@ class BatchSizeFinder(Callback):
             max_trials=self._max_trials,
             batch_arg_name=self._batch_arg_name,
             max_memory=self._max_memory,
+            margin=self._margin,
+            max_val=self._max_val,
             trials=self.trials,
         )
 

@@ -41,17 +41,29 @@ class BatchSizeTrial:
 
 
 def check_scale_arguments(
-    mode: Any, steps_per_trial: Any, init_val: Any, max_trials: Any, batch_arg_name: Any, max_memory: Any
+    mode: Any,
+    steps_per_trial: Any,
+    init_val: Any,
+    max_trials: Any,
+    batch_arg_name: Any,
+    max_memory: Any,
+    margin: Any = 0.05,
+    max_val: Any = 8192,
 ) -> int | None:
     """Raise a clear error for settings the search cannot use; returns ``max_memory`` in bytes."""
     if mode not in ("power", "binsearch"):
         raise ValueError(
             f"mode={mode!r}; use 'power' (double until it does not fit) or 'binsearch' (then bisect to the largest)."
         )
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+        raise ValueError(
+            f"margin={margin!r}; use a fraction in [0, 1) (binsearch keeps that much below the size found)."
+        )
     for name, value in (
         ("steps_per_trial", steps_per_trial),
         ("init_val", init_val),
         ("max_trials", max_trials),
+        ("max_val", max_val),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}; use an int >= 1.")
@@ -80,14 +92,19 @@ def scale_batch_size(
     max_trials: int = 25,
     batch_arg_name: str = "batch_size",
     max_memory: int | str | None = None,
+    margin: float = 0.05,
+    max_val: int = 8192,
     trials: list[BatchSizeTrial] | None = None,
 ) -> int:
     """Find the largest batch size that fits, inside the current fit (from ``on_fit_start``).
 
-    The training state is restored afterwards; the attribute holds the size found and the fit's
-    loaders are built with it. ``trials``, when given, receives one record per trial.
+    The training state is restored afterwards; the attribute holds the size found (in binsearch mode
+    reduced by ``margin``, as Lightning does) and the fit's loaders are built with it. No size above
+    ``max_val`` or the data set's size is tried. ``trials``, when given, receives one record per trial.
     """
-    limit = check_scale_arguments(mode, steps_per_trial, init_val, max_trials, batch_arg_name, max_memory)
+    limit = check_scale_arguments(
+        mode, steps_per_trial, init_val, max_trials, batch_arg_name, max_memory, margin, max_val
+    )
     datamodule = trainer.datamodule
     check_one_process(trainer.world_size)
     if limit is not None and trainer.strategy.root_device.type != "cpu":
@@ -110,7 +127,8 @@ def scale_batch_size(
         )
     original = get_attribute(module, datamodule, batch_arg_name)
     records = trials if trials is not None else []
-    max_val = _dataset_size(trainer)
+    samples = _dataset_size(trainer)
+    largest = max_val if samples is None else min(max_val, samples)
 
     with tuning_session(trainer) as session:
 
@@ -137,7 +155,7 @@ def scale_batch_size(
 
         try:
             found = search_batch_size(
-                trial, init_val=init_val, mode=mode, max_trials=max_trials, max_val=max_val
+                trial, init_val=init_val, mode=mode, max_trials=max_trials, max_val=largest
             )
         except RuntimeError as error:
             set_attribute(module, datamodule, batch_arg_name, original)
@@ -145,6 +163,10 @@ def scale_batch_size(
                 raise
             where = f"max_memory={max_memory!r}" if limit is not None else "the device's memory"
             raise RuntimeError(f"Batch-size scaling: not even a batch of 1 fits in {where}.") from error
+    if mode == "binsearch" and margin > 0:
+        found = max(
+            1, int(found * (1 - margin))
+        )  # Lightning's safety margin below the largest size that fitted
     set_attribute(module, datamodule, batch_arg_name, found)
     reload_train_data(trainer)
     get_logger(__name__).info(

@@ -3,8 +3,11 @@
 From ``min_lr`` to ``max_lr`` over ``num_training`` optimizer steps (geometrically or linearly), the
 loss after each step is recorded, smoothed (an exponential moving average with bias correction,
 weight 0.98). The test stops early once the smoothed loss exceeds ``early_stop_threshold`` times the
-best so far (the model diverges). The suggestion is the learning rate where the smoothed loss
-falls most steeply. Afterwards the weights, optimizer, schedulers and generators are as before.
+best so far (the model diverges). The suggestion is the learning rate where the smoothed loss falls
+most steeply against the rate. The rates, the smoothing, the stop and the suggestion follow
+Lightning's range test, so a ported program gets the same suggestion (in one process; under DDP each
+step's loss is the mean over the processes). Afterwards the weights, optimizer, schedulers and
+generators are as before.
 """
 
 from __future__ import annotations
@@ -87,14 +90,21 @@ class LRFinder:
         self._optimal_idx: int | None = None
 
     def lr_at(self, step: int) -> float:
-        """The learning rate of optimizer step ``step`` (0-based) of the test."""
-        fraction = step / (self.num_training - 1)
+        """The learning rate of optimizer step ``step`` (0-based) of the test.
+
+        As Lightning's range test schedules it, so a ported program tests the same rates: ``min_lr`` first,
+        then from the second step on the fraction ``(step + 1) / num_training`` of the way to ``max_lr``
+        (geometrically or linearly), which reaches ``max_lr`` at the last step.
+        """
+        if step <= 0:
+            return self.lr_min
+        fraction = min(step + 1, self.num_training) / self.num_training
         if self.mode == "linear":
             return self.lr_min + fraction * (self.lr_max - self.lr_min)
         return self.lr_min * (self.lr_max / self.lr_min) ** fraction
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The learning rate where the smoothed loss falls most steeply, or ``None`` (with a warning) when
+        """The learning rate where the smoothed loss falls most steeply against the rate, or ``None`` (with a warning) when
         fewer than two finite losses remain after leaving out the first ``skip_begin`` and last ``skip_end``."""
         losses = self.results["loss"]
         indices = [i for i in range(skip_begin, len(losses) - skip_end) if math.isfinite(losses[i])]
@@ -102,18 +112,18 @@ class LRFinder:
             warnings.warn(
                 f"The learning-rate finder has {len(indices)} finite loss value(s) after skipping the first "
                 f"{skip_begin} and last {skip_end} of {len(losses)}, too few to suggest a learning rate. Run more "
-                f"steps (num_training), raise early_stop_threshold, or lower max_lr.",
+                f"steps (num_training; the Trainer's max_epochs also ends the test), raise early_stop_threshold, or "
+                f"lower max_lr.",
                 UserWarning,
                 stacklevel=2,
             )
             self._optimal_idx = None
             return None
-        values = [losses[i] for i in indices]
-        # The slope at each point: central differences inside, one-sided at the ends (numpy.gradient).
-        slopes = [values[1] - values[0]]
-        slopes += [(values[k + 1] - values[k - 1]) / 2 for k in range(1, len(values) - 1)]
-        slopes.append(values[-1] - values[-2])
-        self._optimal_idx = indices[min(range(len(slopes)), key=slopes.__getitem__)]
+        # The slope of the loss against the learning rate (not the step), as Lightning computes it.
+        values = torch.tensor([losses[i] for i in indices])
+        rates = torch.tensor([self.results["lr"][i] for i in indices])
+        slopes = torch.gradient(values, spacing=[rates])[0]
+        self._optimal_idx = indices[int(torch.argmin(slopes))]
         return self.results["lr"][self._optimal_idx]
 
     def plot(self, suggest: bool = False, show: bool = False, ax: Any = None, path: str | None = None) -> Any:
@@ -176,8 +186,6 @@ class _RangeTest(Callback):
         self.early_stop_threshold = early_stop_threshold
         self.average = 0.0
         self.best = math.inf
-        self.window_loss = 0.0
-        self.window_batches = 0
         self.steps = 0
 
     def on_train_batch_start(
@@ -192,29 +200,27 @@ class _RangeTest(Callback):
     ) -> None:
         from drivetrain.trainer.loops.optimization import extract_loss
 
+        step = trainer.global_step
+        if step == self.steps:
+            return  # inside an accumulation window: the step comes with its last batch
+        self.steps = step
+        results = self.finder.results
+        results["lr"].append(self.finder.lr_at(step - 1))
         loss = extract_loss(outputs) if outputs is not None else None
-        if loss is not None:
-            self.window_loss += float(loss.detach())
-            self.window_batches += 1
-        if trainer.global_step == self.steps:
-            return  # inside an accumulation window: the step comes later
-        step = self.steps
-        self.steps = trainer.global_step
-        if self.window_batches == 0:
+        if loss is None:  # the module skipped the batch: no loss to record, as in Lightning
+            results["loss"].append(math.nan)
             return
-        value = self.window_loss / self.window_batches
-        self.window_loss, self.window_batches = 0.0, 0
+        value = float(loss.detach())
         if trainer.world_size > 1:  # every process decides the same: the mean over them
             value = float(trainer.strategy.all_reduce(torch.tensor(value), reduce_op="mean"))
+        # Lightning's smoothing: a moving average, bias-corrected with the step count (from 1) plus one.
         self.average = _SMOOTHING * self.average + (1 - _SMOOTHING) * value
-        smoothed = self.average / (1 - _SMOOTHING ** (len(self.finder.results["loss"]) + 1))
-        self.finder.results["lr"].append(self.finder.lr_at(min(step, self.finder.num_training - 1)))
-        self.finder.results["loss"].append(smoothed)
+        smoothed = self.average / (1 - _SMOOTHING ** (step + 1))
+        results["loss"].append(smoothed)
         threshold = self.early_stop_threshold
-        diverged = not math.isfinite(smoothed) or smoothed > (threshold or math.inf) * self.best
-        if threshold is not None and len(self.finder.results["loss"]) > 1 and diverged:
-            trainer.should_stop = True
-        if math.isfinite(smoothed) and smoothed < self.best:
+        if threshold is not None and step > 1 and (smoothed > threshold * self.best or math.isnan(smoothed)):
+            trainer.should_stop = True  # diverging (a NaN loss also stops here; Lightning would go on)
+        if smoothed < self.best or step == 1:
             self.best = smoothed
 
 

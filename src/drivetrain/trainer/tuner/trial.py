@@ -124,7 +124,8 @@ def reload_train_data(trainer: Trainer) -> None:
 
 
 def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> int:
-    """Train ``max_steps`` optimizer steps (fewer when a callback sets ``trainer.should_stop``) in this fit.
+    """Train ``max_steps`` optimizer steps in this fit (fewer when a callback sets ``trainer.should_stop``, or
+    when the fit's ``max_epochs`` end first).
 
     Runs inside :func:`tuning_session`, through the fit loop (more epochs than one when the loader
     is short), with ``callbacks`` only, without loggers, validation or the module's schedulers.
@@ -138,12 +139,14 @@ def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback
     from drivetrain.trainer.loops.fit import FitLoop
     from drivetrain.trainer.results import ResultCollection, collectives_of
 
+    settings = trainer._settings
+    # Each epoch trains at least one batch, so this many epochs make the steps (a module that skips every
+    # batch cannot keep the loop going forever). The fit's own max_epochs still ends the run, as in Lightning.
+    epochs = max_steps * settings.accumulate_grad_batches
     trainer._settings = dataclasses.replace(
-        trainer._settings,
+        settings,
         max_steps=max_steps,
-        # Each epoch trains at least one batch, so this many epochs make the steps (a module that skips
-        # every batch cannot keep the loop going forever).
-        max_epochs=max_steps * trainer._settings.accumulate_grad_batches,
+        max_epochs=epochs if settings.max_epochs == -1 else min(settings.max_epochs, epochs),
         min_epochs=0,
         min_steps=0,
         max_time=None,

@@ -58,6 +58,8 @@ class Tuner:
         max_trials: int = 25,
         batch_arg_name: str = "batch_size",
         max_memory: int | str | None = None,
+        margin: float = 0.05,
+        max_val: int = 8192,
     ) -> int | None:
         """The largest batch size that fits; also written to ``model.<batch_arg_name>`` (or the DataModule's).
 
@@ -74,6 +76,8 @@ class Tuner:
             max_trials: the most trials while growing and bisecting.
             batch_arg_name: the attribute or hparams entry holding the batch size.
             max_memory: on the CPU, the memory a trial may use (bytes or ``"2GB"``, ``"512MiB"`` …).
+            margin: in binsearch mode, keep this fraction below the largest size that fitted.
+            max_val: never try a larger batch size.
         """
         from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
         from drivetrain.trainer.tuner.batch_size import check_one_process
@@ -87,6 +91,8 @@ class Tuner:
             max_trials=max_trials,
             batch_arg_name=batch_arg_name,
             max_memory=max_memory,
+            margin=margin,
+            max_val=max_val,
         )
         self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
         return finder.optimal_batch_size
