@@ -225,9 +225,9 @@ def test_settings_come_from_the_arguments_then_accelerates_variables(monkeypatch
             r"fullgraph=True .* cannot compile DDPStrategy's wrapper",
         ),
         (
-            {"dynamo_backend": "eager", "strategy": "fsdp"},
+            {"dynamo_backend": "eager", "strategy": "deepspeed_stage_2"},
             ValueError,
-            "with FSDPStrategy is not supported",
+            "with DeepSpeedStrategy is not supported",
         ),
     ],
 )
@@ -321,6 +321,15 @@ def _rank(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     )
     resumed.load_state(directory)
     out["resumed"] = _weights(resumed, resumed_model)
+
+    # FSDP: torch.compile around the sharded module, accumulating through it, as without compiling.
+    for name, backend in (("fsdp", "no"), ("fsdp_compiled", COUNTING)):
+        sharded = dt.Accelerator(
+            cpu=True, strategy="fsdp", gradient_accumulation_steps=2, dynamo_backend=backend
+        )
+        GRAPHS.clear()
+        model, _ = _train(sharded)
+        out[name] = (is_compiled_module(model), len(GRAPHS) > 0, _weights(sharded, model))
     return out
 
 
@@ -357,6 +366,18 @@ def test_two_processes_save_and_load_the_models_own_names(results: list[dict[str
             assert torch.equal(out["resumed"][name], value)
     for name, value in results[0]["state_dict"].items():
         assert torch.equal(results[1]["state_dict"][name], value)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_fsdp_trains_the_compiled_sharded_model_like_the_uncompiled_one(
+    results: list[dict[str, Any]],
+) -> None:
+    plain, compiled = results[0]["fsdp"], results[0]["fsdp_compiled"]
+    assert plain[:2] == (False, False) and compiled[:2] == (True, True)
+    assert list(compiled[2]) == ["body.0.weight", "body.0.bias", "head.weight", "head.bias"]
+    for name, value in plain[2].items():
+        torch.testing.assert_close(compiled[2][name], value, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.multiprocess

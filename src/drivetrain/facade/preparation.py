@@ -232,7 +232,9 @@ class Preparation(ProcessControl):
             wrapped, raws = setup_model(
                 self.strategy, model, [result[j] for j in mine], move_to_device=placements[i] is not False
             )
-            self._register_model(model, wrapped)  # never compiled: joint setup rejects dynamo_backend
+            returned = self._register_model(model, wrapped)
+            if returned is not wrapped:  # compiled (FSDP shards the module in place: it is result[i])
+                result[i] = returned
             for j, raw in zip(mine, raws):
                 result[j] = self._register_optimizer(result[j], raw, wrapped)
         orphans = [result[j] for j in optimizers if j not in claimed]

@@ -416,11 +416,11 @@ def dynamo_settings(
         dynamic=plugin.dynamic if plugin.dynamic is not None else environment.dynamo_use_dynamic,
     )
     if resolved.compiles:
-        if strategy.requires_joint_setup:
+        if not _compiles_under(strategy):
             raise ValueError(
                 f"dynamo_backend={resolved.to_kwargs()['backend']!r} with {type(strategy).__name__} is not supported: "
-                f"drivetrain compiles models under single-device and DDP strategies. Compile inside the model "
-                f"(torch.compile(block) for each block in its __init__) and leave dynamo_backend unset, or use DDP."
+                f"drivetrain compiles models under single-device, DDP and FSDP strategies. Compile inside the model "
+                f"(torch.compile(block) for each block in its __init__) and leave dynamo_backend unset."
             )
         if resolved.fullgraph and _wraps_modules(strategy):
             raise ValueError(
@@ -432,6 +432,17 @@ def dynamo_settings(
             )
         check_backend_available(resolved)
     return resolved
+
+
+def _compiles_under(strategy: Strategy) -> bool:
+    """Whether ``prepare`` can compile the models ``strategy`` sets up (not DeepSpeed's engine, nor
+    tensor-parallel layouts, which are untested with a compiled wrapper)."""
+    from drivetrain.strategies.fsdp import FSDPStrategy
+    from drivetrain.strategies.model_parallel import ModelParallelStrategy
+
+    if not strategy.requires_joint_setup:
+        return True
+    return isinstance(strategy, FSDPStrategy) and not isinstance(strategy, ModelParallelStrategy)
 
 
 def _wraps_modules(strategy: Strategy) -> bool:

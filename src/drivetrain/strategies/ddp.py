@@ -191,7 +191,7 @@ def _compiled_ddp(module: nn.Module) -> nn.Module | None:
 
     DDP's forward runs outside the compiled graphs, so its ``no_sync`` flags still take effect.
     """
-    inner = module._modules.get("_orig_mod")
+    inner = getattr(module, "_modules", {}).get("_orig_mod")
     return inner if isinstance(inner, DistributedDataParallel) else None
 
 

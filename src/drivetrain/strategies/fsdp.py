@@ -299,12 +299,16 @@ class FSDPStrategy(ParallelStrategy):
             return nullcontext()
         from torch.distributed.fsdp import FSDPModule
 
-        if not isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule):
+            return _gradient_sync_off(module)
+        # The module inside torch.compile's wrapper (Accelerator(dynamo_backend=...) returns that).
+        inner = getattr(module, "_modules", {}).get("_orig_mod")
+        if not isinstance(inner, FSDPModule):
             raise TypeError(
                 f"no_backward_sync needs the module returned by FSDPStrategy.setup_module(...), got "
                 f"{type(module).__name__}."
             )
-        return _gradient_sync_off(module)
+        return _gradient_sync_off(inner)
 
     # -- state ---------------------------------------------------------------------------------
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
