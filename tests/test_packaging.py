@@ -43,11 +43,13 @@ def test_tracker_and_plot_extras_and_an_all_extra_that_holds_every_wheel_extra()
     assert _names(extras["plot"]) == {"matplotlib"}
     (grouped,) = extras["all"]
     members = set(re.fullmatch(r"drivetrain\[(.*)\]", grouped).group(1).split(","))  # type: ignore[union-attr]
-    # deepspeed ships as source only (a compiler, Linux); examples and dev are not features.
-    assert members == set(extras) - {"all", "dev", "examples", "deepspeed"}
+    # deepspeed ships as source only (a compiler, Linux); examples, dev and docs are not features.
+    assert members == set(extras) - {"all", "dev", "docs", "examples", "deepspeed"}
     # The test suite exercises every tracker, so CI installs them through dev.
     for extra in ("tensorboard", "wandb", "mlflow", "plot", "cli"):
         assert _names(extras[extra]) <= _names(extras["dev"]), extra
+    # CI builds the docs site and runs its guides (tests/docs), so dev holds the docs extra too.
+    assert _names(extras["docs"]) <= _names(extras["dev"])
 
 
 def test_classifiers_and_no_invented_urls() -> None:
@@ -60,7 +62,7 @@ def test_env_reports_each_extra_as_installed_or_missing(monkeypatch: pytest.Monk
     report = describe_environment()
     listed = report.split("Optional extras (pip install 'drivetrain[NAME]'):\n", 1)[1].splitlines()
     names = [line.split()[0] for line in listed]
-    assert names == [e for e in PROJECT["optional-dependencies"] if e not in ("all", "dev")]
+    assert names == [e for e in PROJECT["optional-dependencies"] if e not in ("all", "dev", "docs")]
     tensorboard_line = next(line for line in listed if line.split()[0] == "tensorboard")
     assert f"installed (tensorboard {importlib.metadata.version('tensorboard')})" in tensorboard_line
 

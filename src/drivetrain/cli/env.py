@@ -150,8 +150,8 @@ def describe_environment() -> str:
     return "\n".join(lines)
 
 
-#: Extras that only group others (``all``) or serve development (``dev``): not features to report.
-_GROUPING_EXTRAS = ("all", "dev")
+#: Extras that only group others (``all``) or serve development (``dev``, ``docs``): not features to report.
+_GROUPING_EXTRAS = ("all", "dev", "docs")
 
 
 def extras_status() -> dict[str, dict[str, str | None]]:
