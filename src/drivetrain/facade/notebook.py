@@ -39,8 +39,9 @@ def notebook_launcher(
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``: the default of the Accelerators the
             function builds (``ACCELERATE_MIXED_PRECISION``).
         use_port: the rendezvous port on ``master_addr`` (default: a free one, single machine).
-        master_addr, node_rank, num_nodes: where rank 0 is, and this machine's place, for several
-            machines each running this launcher.
+        master_addr: where rank 0 is, for several machines each running this launcher.
+        node_rank: this machine's place among them.
+        num_nodes: how many machines there are.
         **elastic: Accelerate's elastic options (``rdzv_backend`` …) are not supported.
 
     Raises:

@@ -134,7 +134,11 @@ class ProfileKwargs(KwargsHandler):
             ``repeat``, ``skip_first``), for profiling some steps of a loop that calls
             ``profiler.step()``.
         on_trace_ready: called with the profiler when a trace is ready.
-        record_shapes, profile_memory, with_stack, with_flops, with_modules: as for torch's profiler.
+        record_shapes: as for torch's profiler.
+        profile_memory: as for torch's profiler.
+        with_stack: as for torch's profiler.
+        with_flops: as for torch's profiler.
+        with_modules: as for torch's profiler.
         output_trace_dir: write each process's Chrome trace there as ``profile_<rank>.json``.
     """
 

@@ -1,0 +1,146 @@
+"""The docs site: it builds strictly, its API reference is complete, and its guides' code runs.
+
+The conventions the code-block test follows are documented for writers in docs/writing-docs.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from docs_site.code_blocks import code_blocks, page_program, write_page_files
+from helpers.scripts import REPO, clean_env, run_command, run_script
+
+DOCS = REPO / "docs"
+GUIDES = sorted(p for p in DOCS.rglob("*.md") if p.parent.name != "api")
+RUNNABLE = [p for p in GUIDES if any(b.runs for b in code_blocks(p.read_text(), str(p)))]
+#: Pages whose program starts several processes.
+MULTIPROCESS_PAGES = {"extending.md", "launching.md", "sharded-training.md"}
+#: The API reference's pages and the package each documents.
+API_PAGES = {
+    "drivetrain": "drivetrain",
+    "trainer": "drivetrain.trainer",
+    "callbacks": "drivetrain.trainer.callbacks",
+    "loggers": "drivetrain.loggers",
+    "strategies": "drivetrain.strategies",
+    "accelerators": "drivetrain.accelerators",
+    "plugins": "drivetrain.plugins",
+    "utils": "drivetrain.utils",
+    "cli": "drivetrain.cli",
+}
+
+
+def _page_env() -> dict[str, str]:
+    """A plain single-process environment with this checkout's drivetrain first on the path."""
+    path = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    return clean_env(
+        PYTHONPATH=path, OMP_NUM_THREADS="1", MPLBACKEND="Agg", WANDB_MODE="offline", NO_MKDOCS_2_WARNING="1"
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site built with ``mkdocs build --strict`` (any warning fails it)."""
+    site_dir = tmp_path_factory.mktemp("site")
+    result = run_command(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "--site-dir", str(site_dir)],
+        cwd=REPO,
+        env=_page_env(),
+        timeout=400,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    return site_dir
+
+
+@pytest.mark.timeout(450)
+def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
+    home = (site / "index.html").read_text()
+    assert "The Trainer in twenty lines" in home and "Accelerator" in home
+    for guide in GUIDES:
+        relative = guide.relative_to(DOCS)
+        built = site / (
+            "index.html" if relative.name == "index.md" else relative.with_suffix("") / "index.html"
+        )
+        assert built.is_file(), f"{relative} was not built into {built}"
+    # Nothing on the site points outside it except the project pages the guides cite on purpose.
+    assert "fonts.googleapis.com" not in home
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("page", sorted(API_PAGES))
+def test_the_api_reference_documents_every_exported_name(site: Path, page: str) -> None:
+    package = API_PAGES[page]
+    html = (site / "api" / page / "index.html").read_text()
+    exported = sorted(set(importlib.import_module(package).__all__) - {"__version__"})
+    anchors = set(re.findall(r'id="([^"]+)"', html))
+    missing = [name for name in exported if f"{package}.{name}" not in anchors]
+    assert not missing, f"docs/api/{page}.md does not document {missing} (exported by {package}.__all__)"
+    # The docstrings are rendered, not only the names.
+    assert html.count('class="doc doc-contents') >= len(exported)
+
+
+def test_code_blocks_are_found_as_documented() -> None:
+    page = "\n".join(
+        [
+            "# A page",
+            "```python",
+            "x = 1",
+            "```",
+            "<!-- skip -->",
+            "",
+            "```python",
+            "cluster_only()",
+            "```",
+            '```python title="train.py"',
+            "print('a file')",
+            "```",
+            "```bash",
+            "python train.py",
+            "```",
+            "````python",
+            "assert x == 1",
+            "```",
+            "````",
+        ]
+    )
+    blocks = code_blocks(page)
+    assert [(b.language, b.title, b.line, b.runs, b.is_file) for b in blocks] == [
+        ("python", None, 3, True, False),
+        ("python", None, 8, False, False),
+        ("python", "train.py", 11, False, True),
+        ("bash", None, 14, False, False),
+        ("python", None, 17, True, False),
+    ]
+    program = page_program(blocks).splitlines()
+    assert program[2] == "x = 1" and program[16] == "assert x == 1" and program[17] == "```"
+    with pytest.raises(ValueError, match=r"<page>:2: the code block opened here is never closed"):
+        code_blocks("text\n```python\nx = 1\n")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(
+            p, id=str(p.relative_to(DOCS)), marks=[pytest.mark.multiprocess] * (p.name in MULTIPROCESS_PAGES)
+        )
+        for p in RUNNABLE
+    ],
+)
+def test_a_guides_code_runs(page: Path, tmp_path: Path) -> None:
+    """The page's python blocks run in order as one program, in an empty folder with the page's files."""
+    blocks = code_blocks(page.read_text(), str(page))
+    write_page_files(blocks, tmp_path)
+    program = tmp_path / f"{page.stem.replace('-', '_')}_page.py"
+    program.write_text(page_program(blocks))
+    result = run_script([str(program)], cwd=tmp_path, env=_page_env(), timeout=240)
+    assert result.returncode == 0, (
+        f"the code of {page.relative_to(REPO)} failed (line numbers in the traceback are the page's; a block "
+        f"not meant to run gets a '<!-- skip -->' line before it, see docs/writing-docs.md):\n"
+        f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+    )
