@@ -20,7 +20,7 @@ DOCS = REPO / "docs"
 GUIDES = sorted(p for p in DOCS.rglob("*.md") if p.parent.name != "api")
 RUNNABLE = [p for p in GUIDES if any(b.runs for b in code_blocks(p.read_text(), str(p)))]
 #: Pages whose program starts several processes.
-MULTIPROCESS_PAGES = {"extending.md", "launching.md", "sharded-training.md"}
+MULTIPROCESS_PAGES = {"launching.md", "sharded-training.md"}
 #: The API reference's pages and the package each documents.
 API_PAGES = {
     "drivetrain": "drivetrain",
