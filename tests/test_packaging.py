@@ -48,7 +48,7 @@ def test_tracker_and_plot_extras_and_an_all_extra_that_holds_every_wheel_extra()
     # The test suite exercises every tracker, so CI installs them through dev.
     for extra in ("tensorboard", "wandb", "mlflow", "plot", "cli"):
         assert _names(extras[extra]) <= _names(extras["dev"]), extra
-    # CI builds the docs site and runs its guides (tests/docs), so dev holds the docs extra too.
+    # CI builds the docs site and runs its guides (tests/docs_site), so dev holds the docs extra too.
     assert _names(extras["docs"]) <= _names(extras["dev"])
 
 
