@@ -74,9 +74,13 @@ class ModelParallelStrategy(FSDPStrategy):
             model it sets up; leave it out when ``configure_model`` applies tensor parallelism.
         save_distributed_checkpoint: each rank writes its shards (``True``, Lightning's default)
             or rank 0 gathers one file (``False``).
-        auto_wrap_policy, activation_checkpointing_policy, reshard_after_forward,
+        auto_wrap_policy: as for :class:`~drivetrain.strategies.FSDPStrategy`.
+        activation_checkpointing_policy: as for :class:`~drivetrain.strategies.FSDPStrategy`.
+        reshard_after_forward: as for :class:`~drivetrain.strategies.FSDPStrategy`.
         mixed_precision: as for :class:`~drivetrain.strategies.FSDPStrategy`.
-        Other arguments: as for :class:`~drivetrain.strategies.ParallelStrategy`.
+
+    The other arguments (the plugins, ``parallel_devices``, ``num_nodes``, ``start_method``,
+    ``process_group_backend``, ``timeout`` …) are as for :class:`~drivetrain.strategies.FSDPStrategy`.
 
     Raises:
         TypeError/ValueError: bad sizes or plan here; a layout that does not fit the job (sizes
