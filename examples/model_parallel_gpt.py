@@ -8,6 +8,7 @@ of a tensor-parallel group read the same ones). The same file, started either wa
     python examples/model_parallel_gpt.py --door trainer        # Lightning style: configure_model
     python examples/model_parallel_gpt.py --door accelerator    # Accelerate style: ParallelismConfig + tp_plan
     python examples/model_parallel_gpt.py --door accelerator --replicate 2 --tp 1   # HSDP 2 x 2 instead
+    python examples/model_parallel_gpt.py --accelerator cuda --devices 8 --tp 4     # GPUs (NCCL)
 
 Each starts its other 3 processes itself (``devices=4``); under ``drivetrain launch -n 4`` or
 ``torchrun --nproc-per-node 4`` it joins the processes the launcher started. The task is
@@ -127,7 +128,7 @@ def train_with_trainer(args: argparse.Namespace) -> tuple[list[float], bool]:
     module = GPTModule(args.lr)
     layout = ParallelLayout(dp_replicate=args.replicate, dp_shard="auto", tp=args.tp)
     trainer = dt.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy=ModelParallelStrategy(layout=layout, auto_wrap_policy={Block}),
         max_steps=args.steps,
@@ -143,7 +144,10 @@ def train_with_trainer(args: argparse.Namespace) -> tuple[list[float], bool]:
 def train_with_accelerator(args: argparse.Namespace) -> tuple[list[float], bool]:
     config = dt.ParallelismConfig(dp_replicate_size=args.replicate, dp_shard_size=-1, tp_size=args.tp)
     accelerator = dt.Accelerator(
-        cpu=True, devices=args.devices, parallelism_config=config, tp_plan=TP_PLAN if args.tp > 1 else None
+        accelerator=args.accelerator,
+        devices=args.devices,
+        parallelism_config=config,
+        tp_plan=TP_PLAN if args.tp > 1 else None,
     )
     dt.seed_everything(0)
     model = GPT()
@@ -165,6 +169,9 @@ def train_with_accelerator(args: argparse.Namespace) -> tuple[list[float], bool]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--door", choices=["trainer", "accelerator"], default="trainer")
+    parser.add_argument(
+        "--accelerator", default="cpu", help="'cpu' (default) or 'cuda' (one process per GPU)"
+    )
     parser.add_argument("--devices", type=int, default=4, help="processes (default 4)")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
     parser.add_argument("--replicate", type=int, default=1, help="data-parallel replicas (HSDP when > 1)")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.scripts import run_script
 
@@ -29,4 +30,21 @@ def test_both_doors_train_the_gpt_example_on_a_2d_mesh_alike(tmp_path: Path) -> 
         curves[door] = json.loads(out.read_text())["losses"]
     assert len(curves["trainer"]) == len(curves["accelerator"]) == 6
     assert curves["trainer"] == pytest.approx(curves["accelerator"], abs=1e-4)
+    assert curves["trainer"][-1] < curves["trainer"][0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 or more CUDA GPUs"
+)
+def test_both_doors_train_the_gpt_example_with_tensor_parallel_on_gpus(tmp_path: Path) -> None:
+    gpus = torch.cuda.device_count() // 2 * 2
+    curves = {}
+    for door in ("trainer", "accelerator"):
+        out = tmp_path / f"{door}.json"
+        command = [str(EXAMPLE), "--door", door, "--accelerator", "cuda", "--devices", str(gpus), "--tp", "2"]
+        result = run_script([*command, "--steps", "6", "--out", str(out)], timeout=300)
+        assert result.returncode == 0, result.stderr
+        curves[door] = json.loads(out.read_text())["losses"]
+    assert curves["trainer"] == pytest.approx(curves["accelerator"], abs=1e-3)  # TF32/NCCL reduction order
     assert curves["trainer"][-1] < curves["trainer"][0]

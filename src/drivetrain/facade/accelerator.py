@@ -271,8 +271,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
 
     @property
     def torch_device_mesh(self) -> Any:
-        """The torch ``DeviceMesh`` of a ``parallelism_config`` run (dimensions ``dp_replicate``,
-        ``dp_shard``, ``context_parallel``, ``tensor_parallel``, flattened ``data_parallel``); else ``None``."""
+        """The torch ``DeviceMesh`` of a ``parallelism_config`` run (see ``docs/model-parallel.md``
+        for its dimensions; ``["tensor_parallel"]`` is the tensor-parallel mesh); else ``None``."""
         from drivetrain.strategies.model_parallel import ModelParallelStrategy
 
         strategy = self.strategy
