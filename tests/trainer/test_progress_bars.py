@@ -216,3 +216,20 @@ def test_bars_in_a_real_terminal_one_per_stage(kind: str) -> None:
     assert len([line for line in lines if line.startswith("Testing")]) == (1 if kind == "rich" else 0)
     assert sum("message from training_step" in line for line in lines) == 1  # above the bars, whole
     assert sum(line.strip() == "program finished" for line in lines) == 1
+
+
+class OutStream(io.StringIO):
+    """Stands in for a notebook's stderr (ipykernel's OutStream): not a terminal, but it renders redraws."""
+
+
+OutStream.__module__ = "ipykernel.iostream"
+
+
+def test_a_notebook_gets_bars_not_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook = OutStream()
+    monkeypatch.setattr(sys, "stderr", notebook)
+    quiet_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[TQDMProgressBar(refresh_rate=4)]).fit(
+        Regression(), loader()
+    )
+    text = notebook.getvalue()
+    assert "\r" in text and "4/8" in text and "8/8" in text  # tqdm's redraws, as in a terminal

@@ -76,7 +76,10 @@ def clock(seconds: float) -> str:
 
 
 def is_terminal(stream: Any) -> bool:
-    """Whether ``stream`` is a terminal that can redraw a bar in place."""
+    """Whether ``stream`` can redraw a bar in place: a terminal, or a notebook's output (Jupyter
+    renders carriage returns, although its streams are not terminals)."""
+    if type(stream).__module__.startswith("ipykernel"):
+        return True
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream

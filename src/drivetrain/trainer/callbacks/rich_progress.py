@@ -117,7 +117,7 @@ class RichProgressBar(StageBars):
 
     def _bar(self, description: str, total: float, *, training: bool, transient: bool = False) -> Any:
         console = self.console
-        if not console.is_terminal:
+        if not (console.is_terminal or console.is_jupyter):  # a notebook draws rich's live display itself
             return PlainProgress(description, total, _line_writer(console), self.log_interval)
         if self._progress is None:
             self._progress = _start_progress(console, self.theme)
