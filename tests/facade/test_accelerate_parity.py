@@ -358,6 +358,14 @@ def test_notebook_and_debug_launchers_run_the_function_in_every_process(tmp_path
         dt.notebook_launcher(_report, ("x",), rdzv_backend="c10d")
 
 
+def test_notebook_launcher_takes_accelerates_elastic_defaults(tmp_path: Path) -> None:
+    # A migrated call may spell out Accelerate's defaults: they ask for nothing and are accepted.
+    dt.notebook_launcher(_report, (str(tmp_path),), rdzv_backend="static", max_restarts=0, rdzv_id="none")
+    assert [path.read_text() for path in tmp_path.iterdir()] == ["0 1 no cpu 1.0"]
+    with pytest.raises(ValueError, match=r"notebook_launcher\(max_restarts=...\) is not supported"):
+        dt.notebook_launcher(_report, ("x",), rdzv_backend="static", max_restarts=3)
+
+
 def test_patch_environment_restores_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MASTER_PORT", "1234")
     monkeypatch.delenv("DRIVETRAIN_PARITY_X", raising=False)

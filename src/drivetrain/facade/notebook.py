@@ -17,6 +17,16 @@ from typing import Any
 from drivetrain.utils.environment import patch_environment
 
 _MIXED_PRECISION = ("no", "fp16", "bf16")
+#: Accelerate's elastic options at their defaults, which ask for nothing (a migrated call may spell them out).
+_NEUTRAL_ELASTIC: dict[str, tuple[Any, ...]] = {
+    "rdzv_backend": ("static",),
+    "rdzv_endpoint": ("",),
+    "rdzv_conf": (None, {}),
+    "rdzv_id": ("none",),
+    "max_restarts": (0,),
+    "monitor_interval": (0.1,),
+    "log_line_prefix_template": (None,),
+}
 
 
 def notebook_launcher(
@@ -42,15 +52,18 @@ def notebook_launcher(
         master_addr: where rank 0 is, for several machines each running this launcher.
         node_rank: this machine's place among them.
         num_nodes: how many machines there are.
-        **elastic: Accelerate's elastic options (``rdzv_backend`` …) are not supported.
+        **elastic: Accelerate's elastic options (``rdzv_backend`` …) are accepted at their
+            defaults only (``rdzv_backend="static"``, ``max_restarts=0`` …): other values are not
+            supported.
 
     Raises:
         ValueError: a bad setting; the first failing process's error (torch's
             ``ProcessRaisedException``/``ProcessExitedException`` naming it).
     """
-    if elastic:
+    asked = [name for name, value in elastic.items() if value not in _NEUTRAL_ELASTIC.get(name, ())]
+    if asked:
         raise ValueError(
-            f"notebook_launcher({', '.join(f'{name}=...' for name in elastic)}) is not supported: drivetrain starts a "
+            f"notebook_launcher({', '.join(f'{name}=...' for name in asked)}) is not supported: drivetrain starts a "
             f"fixed set of processes. Use drivetrain launch (or torchrun) for elastic jobs."
         )
     if mixed_precision not in _MIXED_PRECISION:
