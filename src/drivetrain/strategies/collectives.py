@@ -56,6 +56,28 @@ def all_reduce_copy(tensor: Tensor, reduce_op: str, group: Any | None = None) ->
     return result
 
 
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), by rank."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: Any, src: int, device: torch.device | None) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (sent through ``device``: the rank's GPU under NCCL)."""
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=src, device=device)
+    return payload[0]
+
+
+def device_barrier(device_ids: list[int] | None) -> None:
+    """``dist.barrier``, on ``device_ids`` when given (NCCL)."""
+    if device_ids is None:
+        dist.barrier()
+    else:
+        dist.barrier(device_ids=device_ids)
+
+
 def _signature(tensor: Tensor) -> Tensor:
     """A fixed-length int64 description of a tensor's dtype and shape, for comparing across ranks."""
     signature = torch.full((2 + _MAX_CHECKED_DIMS,), -1, dtype=torch.int64)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import os
-import sys
-import time
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -19,13 +15,23 @@ from drivetrain._utilities.renamed import sync_renamed_hooks
 from drivetrain.strategies.collective_monitor import STALL_TIMEOUT, CollectiveMonitor
 from drivetrain.strategies.collectives import (
     all_gather_checked,
+    all_gather_objects,
     all_reduce_copy,
+    broadcast_object,
+    device_barrier,
     process_group_backend_for,
 )
 from drivetrain.strategies.launchers.launcher import ProcessFailedError
 from drivetrain.strategies.launchers.parent_death import die_with_parent
-from drivetrain.strategies.launchers.store import check_resolvable, host_store, is_loopback
 from drivetrain.strategies.preemption import Preempted, PreemptionWatch
+from drivetrain.strategies.process_group import (
+    EXIT_WAIT_SECONDS,
+    as_timedelta,
+    crashed,
+    leave_at_exit_later,
+    open_rendezvous_store,
+    wait_for_peers_through_store,
+)
 from drivetrain.strategies.rank_failures import (
     is_lost_peer,
     read_failures,
@@ -122,7 +128,7 @@ class ParallelStrategy(Strategy):
         self._cluster_environment = cluster_environment
         self._num_nodes = num_nodes
         self._process_group_backend = process_group_backend
-        self._timeout = _as_timedelta(timeout)
+        self._timeout = as_timedelta(timeout)
         self._owns_process_group = False
         # The rendezvous store: handed over by a launcher of this process (see launchers/), or joined
         # (hosted, on rank 0) by setup_process_group.
@@ -280,33 +286,10 @@ class ParallelStrategy(Strategy):
         if self.root_device.type == "cuda":
             kwargs["device_id"] = self.root_device  # eager NCCL init: failures surface here, not mid-step
         if self._rendezvous_store is None:
-            # Kept across teardown() so a later setup (fit, then test) finds the same rendezvous. Under
-            # torchrun every rank, rank 0 included, joins the store its agent already hosts.
-            hosts = self.global_rank == 0 and not environment.uses_agent_store
-            address = environment.main_address
-            if (
-                environment.creates_processes_externally
-                and self.world_size > 1
-                and environment.main_port == 0
-            ):
-                raise ValueError(
-                    f"RANK={self.global_rank} of WORLD_SIZE={self.world_size} must find rank 0's rendezvous, but "
-                    f"MASTER_PORT is not set ({type(environment).__name__} gives no port), so the processes cannot "
-                    f"meet. Set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port in every process, or "
-                    f"start the job with `drivetrain launch` or torchrun, which set them."
-                )
-            if not hosts:
-                check_resolvable(address, type(environment).__name__)
-            if hosts:
-                # Loopback only when every rank connects through loopback anyway (one node).
-                spans_nodes = self.num_nodes > 1 or not is_loopback(address)
-                self._rendezvous_store = host_store(
-                    address, environment.main_port, self.world_size, self._timeout, spans_nodes=spans_nodes
-                )
-            else:
-                self._rendezvous_store = dist.TCPStore(
-                    address, environment.main_port, None, is_master=False, timeout=self._timeout
-                )
+            # Kept across teardown() so a later setup (fit, then test) finds the same rendezvous.
+            self._rendezvous_store = open_rendezvous_store(
+                environment, self.global_rank, self.world_size, self.num_nodes, self._timeout
+            )
         # Each setup gets fresh keys: a second group must not read the first one's addresses.
         self._setups += 1
         namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
@@ -324,8 +307,7 @@ class ParallelStrategy(Strategy):
         )
         self._monitor.start()
         # Scripts that never call teardown() (Accelerate-style ones rarely do) still exit cleanly.
-        atexit.register(_leave_at_exit, weakref.ref(self))
-        _watch_for_crashes(self)
+        leave_at_exit_later(self)
 
     def teardown(self) -> None:
         self._leave_process_group(wait_for_peers=True)
@@ -333,7 +315,7 @@ class ParallelStrategy(Strategy):
 
     def leave_at_exit(self) -> None:
         """Leave the process group as a rank does at interpreter exit (peers waited for, bounded)."""
-        failed = _crashed or self._failure is not None
+        failed = crashed() or self._failure is not None
         self._leave_process_group(wait_for_peers=False, store_wait=0.0 if failed else EXIT_WAIT_SECONDS)
 
     def preemption_watch(self, signals: Iterable[int], position: Callable[[], int]) -> PreemptionWatch:
@@ -463,18 +445,8 @@ class ParallelStrategy(Strategy):
 
     def _wait_for_peers_through_store(self, seconds: float) -> None:
         """A barrier on the rendezvous store that gives up after ``seconds`` (works on any backend)."""
-        store = self._rendezvous_store
-        if store is None:
-            return
         key = f"drivetrain/{self.cluster_environment.rendezvous_namespace()}/{self._setups}/leaving"
-        try:
-            arrived = store.add(key, 1)
-            deadline = time.monotonic() + seconds
-            while arrived < self.world_size and time.monotonic() < deadline:
-                time.sleep(0.005)
-                arrived = store.add(key, 0)
-        except Exception:  # the store's host is gone: nobody is left to wait for
-            pass
+        wait_for_peers_through_store(self._rendezvous_store, key, self.world_size, seconds)
 
     def release_communication_state(self) -> None:
         """Free what holds on to the process group (DDP's reducers) before it is destroyed.
@@ -502,19 +474,19 @@ class ParallelStrategy(Strategy):
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not dist.is_initialized():
             return [obj]
-        return self._collective("all_gather_object", None, _all_gather_object, obj)
+        return self._collective("all_gather_object", None, all_gather_objects, obj)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not dist.is_initialized():
             return obj
         device = self.root_device if self.process_group_backend == "nccl" else None
-        return self._collective("broadcast", f"src={src}", _broadcast_object, obj, src, device)
+        return self._collective("broadcast", f"src={src}", broadcast_object, obj, src, device)
 
     def barrier(self, name: str | None = None) -> None:
         if not dist.is_initialized():
             return
         device_ids = [self.root_device.index or 0] if self.process_group_backend == "nccl" else None
-        self._collective("barrier", None, _barrier, device_ids)
+        self._collective("barrier", None, device_barrier, device_ids)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not dist.is_initialized():
@@ -530,75 +502,3 @@ class ParallelStrategy(Strategy):
             f"{type(self).__name__}(devices={devices}, num_nodes={self._num_nodes}, "
             f"precision={self._precision!r})"
         )
-
-
-def _all_gather_object(obj: Any) -> list[Any]:
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
-def _broadcast_object(obj: Any, src: int, device: torch.device | None) -> Any:
-    payload = [obj]
-    dist.broadcast_object_list(payload, src=src, device=device)
-    return payload[0]
-
-
-def _barrier(device_ids: list[int] | None) -> None:
-    if device_ids is None:
-        dist.barrier()
-    else:
-        dist.barrier(device_ids=device_ids)
-
-
-def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
-    if isinstance(timeout, datetime.timedelta):
-        seconds = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
-    else:
-        raise TypeError(f"timeout must be a datetime.timedelta or a number of seconds, got {timeout!r}.")
-    if seconds <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}.")
-    return datetime.timedelta(seconds=seconds)
-
-
-def _leave_at_exit(reference: weakref.ref[ParallelStrategy]) -> None:
-    # A process group or DDP reducer still alive when the interpreter finalises can abort the process
-    # ("terminate called without an active exception"), so leave the group here. Peers are waited
-    # for through the store, with a bound: a barrier with a dead peer would wait for the group's
-    # full timeout on NCCL. After an uncaught exception nobody waits: the launcher reports it.
-    strategy = reference()
-    if strategy is not None:
-        failed = _crashed or strategy._failure is not None
-        strategy._leave_process_group(wait_for_peers=False, store_wait=0.0 if failed else EXIT_WAIT_SECONDS)
-
-
-#: How long a rank leaving at interpreter exit waits for its peers to leave too.
-EXIT_WAIT_SECONDS = 2.0
-_crashed = False
-
-
-_live: weakref.WeakSet[ParallelStrategy] = weakref.WeakSet()
-
-
-def _watch_for_crashes(strategy: ParallelStrategy) -> None:
-    """Chain a ``sys.excepthook`` that notes an uncaught exception (installed once per process).
-
-    The hook runs before the interpreter exits and closes this rank's connections, so the
-    failure record it writes is in the store before any peer can notice this rank is gone.
-    """
-    _live.add(strategy)
-    previous = sys.excepthook
-    if getattr(previous, "_drivetrain", False):
-        return
-
-    def note_crash(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        global _crashed
-        _crashed = True
-        for live in list(_live):
-            live.on_exception(error)
-        previous(kind, error, trace)
-
-    note_crash._drivetrain = True  # type: ignore[attr-defined]
-    sys.excepthook = note_crash

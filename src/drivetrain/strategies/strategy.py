@@ -10,8 +10,8 @@ through it. Every method on the per-step path (``backward``, ``optimizer_step``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,12 +22,13 @@ from torch.optim import Optimizer
 from drivetrain._utilities.apply import device_mover, move_to_device
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.precision.precision import Precision
+from drivetrain.strategies.module_init import skip_parameter_init
+from drivetrain.strategies.state_dicts import checkpoint_into_state, read_through, state_to_checkpoint
 from drivetrain.strategies.step_policy import (
     StepFunctions,
     clip_grad_norm,
     nonfinite_norm_is_error,
-    plain_backward,
-    plain_optimizer_step,
+    step_functions_for,
 )
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class Strategy:
         """
         stack = ExitStack()
         if empty_init:
-            stack.enter_context(_skip_parameter_init())
+            stack.enter_context(skip_parameter_init())
         if self.root_device.type != "cpu":  # CPU is already the default; the device context costs per tensor
             stack.enter_context(self.root_device)
         stack.enter_context(self.precision.module_init_context())
@@ -305,22 +306,7 @@ class Strategy:
         returned, which saves a few Python calls per step. Otherwise this strategy's own methods.
         Front doors ask once per run, after the strategy is set up.
         """
-        precision = type(self.precision)
-        backward: Callable[..., None] = self.backward
-        optimizer_step: Callable[..., Any] = self.optimizer_step
-        if (
-            type(self).backward is Strategy.backward
-            and precision.pre_backward is Precision.pre_backward
-            and precision.backward is Precision.backward
-            and precision.post_backward is Precision.post_backward
-        ):
-            backward = plain_backward
-        if (
-            type(self).optimizer_step is Strategy.optimizer_step
-            and precision.optimizer_step is Precision.optimizer_step
-        ):
-            optimizer_step = plain_optimizer_step
-        return StepFunctions(backward, optimizer_step)
+        return step_functions_for(self)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""
@@ -455,40 +441,12 @@ class Strategy:
         return self._checkpoint_into_state(checkpoint, state if state is not None else {}, strict)
 
     def _state_to_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
-        converted: dict[str, Any] = {}
-        for name, value in state.items():
-            if isinstance(value, nn.Module):
-                converted[name] = self.get_module_state_dict(value)
-            elif isinstance(value, Optimizer):
-                converted[name] = self.get_optimizer_state(value)
-            elif callable(getattr(value, "state_dict", None)):
-                converted[name] = value.state_dict()
-            else:
-                converted[name] = value
-        return converted
+        return state_to_checkpoint(self, state)
 
     def _checkpoint_into_state(
         self, checkpoint: dict[str, Any], state: dict[str, Any], strict: bool
     ) -> dict[str, Any]:
-        missing = [name for name in state if name not in checkpoint]
-        if strict and missing:
-            raise KeyError(
-                f"The checkpoint has no entry for {', '.join(map(repr, missing))} (it has "
-                f"{', '.join(map(repr, checkpoint))}). Pass strict=False to load the rest."
-            )
-        for name, target in state.items():
-            if name not in checkpoint:
-                continue
-            saved = checkpoint[name]
-            if isinstance(target, nn.Module):
-                self.load_module_state_dict(target, saved, strict=strict)
-            elif isinstance(target, Optimizer):
-                self.load_optimizer_state(target, saved)
-            elif callable(getattr(target, "load_state_dict", None)):
-                target.load_state_dict(saved)
-            else:
-                state[name] = saved  # plain values come back through the dict
-        return {name: value for name, value in checkpoint.items() if name not in state}
+        return checkpoint_into_state(self, checkpoint, state, strict)
 
     @property
     def requires_joint_setup(self) -> bool:
@@ -530,21 +488,7 @@ class Strategy:
         self, path: str | Path, map_location: Any | None = None, *, weights_only: bool = True
     ) -> dict[str, Any]:
         """Read the checkpoint file at ``path`` through the CheckpointIO (safely unless ``weights_only=False``)."""
-        # User CheckpointIOs written after the seeds take (path, map_location) only: pass the rest
-        # only when it differs from the default.
-        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
-        if not weights_only:
-            kwargs["weights_only"] = False
-        try:
-            return self.checkpoint_io.load_checkpoint(path, **kwargs)
-        except TypeError as error:
-            if weights_only or "weights_only" not in str(error):
-                raise
-            raise TypeError(
-                f"weights_only=False was requested, but {type(self.checkpoint_io).__name__}.load_checkpoint takes "
-                f"no weights_only argument: it decides itself how it unpickles. Load without weights_only=False, or "
-                f"give the CheckpointIO that argument."
-            ) from None
+        return read_through(self.checkpoint_io, path, map_location, weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         if self.is_global_zero:
@@ -620,21 +564,3 @@ def _check_type(argument: str, value: Any, expected_name: str, expected: type) -
             f"Pass an instance (strings are resolved by drivetrain.connect, Trainer and Accelerator, "
             f"not by strategy constructors)."
         )
-
-
-@contextmanager
-def _skip_parameter_init() -> Iterator[None]:
-    """Make ``nn.init`` functions and ``reset_parameters`` no-ops while a model is built."""
-    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for name in names:
-            setattr(torch.nn.init, name, _return_tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
-
-
-def _return_tensor(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    return tensor
