@@ -96,7 +96,7 @@ CASES = [
         "CollectiveStuckError",
         # raised in rank 0's own thread, from the debug check's wait
         [
-            r"\[rank0\]: drivetrain\.strategies\.collective_monitor\.CollectiveStuckError: Rank 0: a collective waited"
+            r"\[rank0\]: drivetrain\.strategies\.collective_errors\.CollectiveStuckError: Rank 0: a collective waited"
         ],
         STALL + 30,
     ),

@@ -76,7 +76,7 @@ class ParallelStrategy(Strategy):
             regardless. See :mod:`drivetrain.strategies.collective_monitor`.
         debug_collectives: before every collective, check through the rendezvous store that all
             ranks call the same one with tensors of the same shapes and dtypes, and raise
-            :class:`~drivetrain.strategies.collective_monitor.CollectiveMismatchError` if not
+            :class:`~drivetrain.strategies.collective_errors.CollectiveMismatchError` if not
             (costs a store round trip per collective).
         start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
             torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     )
     from drivetrain.data.prepare import skip_first_batches
     from drivetrain.data.seeding import SeedableRandomSampler
-    from drivetrain.strategies.collective_monitor import (
+    from drivetrain.strategies.collective_errors import (
         CollectiveMismatchError as DistributedOperationException,
     )
     from drivetrain.utils.availability import (
@@ -90,7 +90,7 @@ __getattr__, __dir__ = lazy_exports(
         "infer_auto_device_map": "drivetrain.big_modeling",
         "load_checkpoint_in_model": "drivetrain.big_modeling",
         "set_module_tensor_to_device": "drivetrain.big_modeling",
-        "DistributedOperationException": "drivetrain.strategies.collective_monitor:CollectiveMismatchError",
+        "DistributedOperationException": "drivetrain.strategies.collective_errors:CollectiveMismatchError",
         "DataLoaderConfiguration": "drivetrain.utils.configuration",
         "DistributedType": "drivetrain.utils.configuration",
         "GradientAccumulationPlugin": "drivetrain.utils.configuration",
