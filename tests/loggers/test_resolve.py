@@ -98,7 +98,6 @@ def test_the_default_logger_is_tensorboard_when_installed_else_csv(
         ("all", [CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger]),
         (True, [TensorBoardLogger]),
         (False, []),
-        (None, []),
     ],
 )
 def test_every_accepted_value_means_the_same_loggers_in_both_doors(
@@ -113,6 +112,14 @@ def test_every_accepted_value_means_the_same_loggers_in_both_doors(
         for logger in built:
             assert logger.name in ("drivetrain_logs", None) or isinstance(logger, MLFlowLogger)
             assert logger.save_dir is not None and str(tmp_path) in logger.save_dir
+
+
+def test_none_means_each_peers_default(tmp_path: Path) -> None:
+    # Lightning's Trainer(logger=None) is its default logger (None only marks "not given", so that
+    # barebones=True can tell); Accelerate's log_with=None is no tracker at all.
+    trainer = dt.Trainer(accelerator="cpu", devices=1, logger=None, default_root_dir=tmp_path)
+    assert [type(logger) for logger in trainer.loggers] == [TensorBoardLogger]
+    assert dt.Accelerator(cpu=True, log_with=None, project_dir=tmp_path).trackers == []
 
 
 def test_instances_and_names_mix_and_keep_their_order(tmp_path: Path) -> None:
