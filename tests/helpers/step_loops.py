@@ -82,6 +82,7 @@ class LoopModule(dt.TrainingModule):
         self.loop = loop
         self.net = net()
         self.taken = 0
+        self.steps = 0
         self.grads: list[torch.Tensor] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -91,8 +92,10 @@ class LoopModule(dt.TrainingModule):
     def on_after_backward(self) -> None:
         self.grads.append(self.net[0].weight.grad.clone())
 
-    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        self.taken += not self.trainer.strategy.precision.last_step_skipped
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.trainer.global_step != self.steps:  # this batch ended a window: a step ran (or the scaler skipped it)
+            self.steps = self.trainer.global_step
+            self.taken += not self.trainer.strategy.precision.last_step_skipped
 
     def configure_optimizers(self) -> Any:
         optimizer, schedule = optimizer_and_schedule(self)

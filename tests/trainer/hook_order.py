@@ -5,6 +5,7 @@ Lightning's own (run this file with a Python that has ``lightning`` installed)::
 
     python hook_order.py lightning 1     # prints the JSON list of hook names
     python hook_order.py drivetrain 2    # accumulate_grad_batches=2
+    python hook_order.py lightning 2 fast   # the step hooks left alone (drivetrain's fast step path)
 
 Every hook is overridden and calls the base class, so the run behaves as if none were.
 """
@@ -33,8 +34,15 @@ HOOKS = (
 )  # fmt: skip
 
 
-def record(library: str, accumulate: int = 1) -> list[str]:
-    """Fit (2 batches, one sanity batch, clipping, a per-step scheduler), test and predict; the hooks called."""
+#: The step hooks whose override moves drivetrain's Trainer from its fast step path to the general one.
+GENERAL_PATH_HOOKS = ("optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping", "backward")
+
+
+def record(library: str, accumulate: int = 1, fast_path: bool = False) -> list[str]:
+    """Fit (2 batches, one sanity batch, clipping, a per-step scheduler), test and predict; the hooks called.
+
+    ``fast_path``: leave the :data:`GENERAL_PATH_HOOKS` alone, so drivetrain takes its fast step path.
+    """
     if library == "lightning":
         import lightning.pytorch as framework
 
@@ -94,6 +102,8 @@ def record(library: str, accumulate: int = 1) -> list[str]:
             calls.append(f"teardown:{getattr(stage, 'value', stage)}")
 
     for name in HOOKS:
+        if fast_path and name in GENERAL_PATH_HOOKS:
+            continue
         setattr(Recorder, name, recorded(name))
     data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
     trainer = trainer_class(
@@ -118,4 +128,6 @@ def record(library: str, accumulate: int = 1) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(record(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)))
+    print(
+        json.dumps(record(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1, "fast" in sys.argv[3:]))
+    )

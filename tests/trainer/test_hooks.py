@@ -51,10 +51,10 @@ def test_fit_calls_hooks_in_order() -> None:
     ]
     batch = [
         *both("on_train_batch_start"),
+        *both("on_before_zero_grad"),  # Lightning's place: after training_step, before the backward
         *both("on_before_backward"),
         *both("on_after_backward"),
         *both("on_before_optimizer_step"),
-        *both("on_before_zero_grad"),
         *both("on_train_batch_end"),
     ]
     expected = [

@@ -242,7 +242,7 @@ class FitLoop:
             if val_due:
                 progress.validation_pending = True
             if hooks.on_train_batch_end is not None:
-                hooks.on_train_batch_end(outputs, batch, batch_idx - 1)
+                hooks.on_train_batch_end(optimization.batch_outputs(outputs), batch, batch_idx - 1)
             if logging and progress.total_batches % log_every == 0:
                 step_metrics = results.step_metrics()
                 if step_metrics:

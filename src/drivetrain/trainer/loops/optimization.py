@@ -156,7 +156,8 @@ class Optimization:
             self._backward = timed(profiler, "backward", self._backward)
             self._optimizer_call = timed(profiler, "optimizer_step", self._optimizer_call)
         accumulate = self.accumulation.num_steps
-        if not module.automatic_optimization:
+        self.manual = not module.automatic_optimization
+        if self.manual:
             automatic_only = [name for name in hooks if name != "backward"]
             if automatic_only:
                 raise ValueError(
@@ -228,20 +229,31 @@ class Optimization:
 
     # -- automatic optimisation ------------------------------------------------------------
     def _automatic_step(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
-        """Forward and backward; at the end of an accumulation window also clip, step, zero_grad, schedulers."""
+        """Forward, zero_grad (a window's first batch), backward; at a window's end also clip, step, schedulers.
+
+        As in Lightning, the gradients are zeroed right after ``training_step`` of the first batch of
+        an accumulation window, not after the step: they stay readable (``on_train_batch_end``)
+        until the next window starts.
+        """
         accumulation = self.accumulation
+        first = accumulation.step % accumulation.num_steps == 0
         if accumulation.advance(end_of_data):
-            output, loss = self._forward_backward(batch, batch_idx)
+            output, loss = self._forward_backward(batch, batch_idx, first)
             if loss is not None:  # None: the module skipped this batch
                 self._optimizer_step(None)
             return output
         # Inside a window: gradients stay local to this process until the window's last batch.
         with accumulation.backward_context(self.strategy, self._models):
-            return self._forward_backward(batch, batch_idx)[0]
+            return self._forward_backward(batch, batch_idx, first)[0]
 
-    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, Tensor | None]:
+    def _forward_backward(self, batch: Any, batch_idx: int, zero_grad: bool) -> tuple[Any, Tensor | None]:
         output = self.training_step(batch, batch_idx)
         loss = output if type(output) is Tensor else extract_loss(output)
+        if zero_grad:
+            optimizer = self.optimizer
+            if self.hooks.on_before_zero_grad is not None:
+                self.hooks.on_before_zero_grad(optimizer)
+            optimizer.zero_grad()  # set_to_none=True, torch's default (passing it is measurably slower)
         if loss is None:
             return output, None
         if self._scale_loss is not None:
@@ -253,6 +265,31 @@ class Optimization:
         if hooks.on_after_backward is not None:
             hooks.on_after_backward()
         return output, loss
+
+    def batch_outputs(self, output: Any) -> Any:
+        """What ``on_train_batch_end`` gets for ``training_step``'s ``output``, as in Lightning.
+
+        Automatic optimisation: ``{"loss": loss}`` (a dict's other entries after it), the loss
+        detached and divided by ``accumulate_grad_batches`` as it was for the backward pass;
+        ``{}`` when the step was skipped. Manual: a tensor becomes ``{"loss": tensor.detach()}``,
+        a dict is copied with its loss detached, None becomes ``{}``. Built only for a batch-end hook.
+        """
+        if output is None:
+            return {}
+        if isinstance(output, Tensor):
+            loss = output
+            if not self.manual and self._scale_loss is not None:
+                loss = self._scale_loss(loss)
+            return {"loss": loss.detach()}
+        if not isinstance(output, Mapping):
+            return output
+        outputs = dict(output)
+        loss = outputs.pop("loss", None)
+        if isinstance(loss, Tensor):
+            if not self.manual and self._scale_loss is not None:
+                loss = self._scale_loss(loss)
+            loss = loss.detach()
+        return {"loss": loss, **outputs} if "loss" in output else outputs
 
     def _before_optimizer_step(self, optimizer: Optimizer) -> None:
         """``on_before_optimizer_step``, then clipping (on unscaled gradients)."""
@@ -269,10 +306,6 @@ class Optimization:
         if closure is None and self._prepare_step is not None:  # a closure prepares after each backward
             self._prepare_step(optimizer)
         result = self._optimizer_call(optimizer, closure, self.model)
-        hooks = self.hooks
-        if hooks.on_before_zero_grad is not None:
-            hooks.on_before_zero_grad(optimizer)
-        optimizer.zero_grad()  # set_to_none=True, torch's default (passing it is measurably slower)
         progress = self.progress
         progress.global_step += 1
         # A step the loss scaler skipped (inf/NaN gradients) does not advance per-step schedules.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -198,15 +199,14 @@ class _RangeTest(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        from drivetrain.trainer.loops.optimization import extract_loss
-
         step = trainer.global_step
         if step == self.steps:
             return  # inside an accumulation window: the step comes with its last batch
         self.steps = step
         results = self.finder.results
         results["lr"].append(self.finder.lr_at(step - 1))
-        loss = extract_loss(outputs) if outputs is not None else None
+        # Lightning's outputs: {"loss": the detached loss} ({} for a skipped batch).
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if loss is None:  # the module skipped the batch: no loss to record, as in Lightning
             results["loss"].append(math.nan)
             return
