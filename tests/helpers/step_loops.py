@@ -93,7 +93,9 @@ class LoopModule(dt.TrainingModule):
         self.grads.append(self.net[0].weight.grad.clone())
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.trainer.global_step != self.steps:  # this batch ended a window: a step ran (or the scaler skipped it)
+        if (
+            self.trainer.global_step != self.steps
+        ):  # this batch ended a window: a step ran (or the scaler skipped it)
             self.steps = self.trainer.global_step
             self.taken += not self.trainer.strategy.precision.last_step_skipped
 
