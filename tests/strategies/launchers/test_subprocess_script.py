@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import types
@@ -58,7 +59,14 @@ def test_the_failing_child_is_named_even_when_its_peer_notices_first(tmp_path: P
     result = run_script([str(JOB), "raise-on-1-exiting-slowly", str(tmp_path)], timeout=90)
     assert result.returncode != 0
     assert "ProcessFailedError: rank 1 (pid" in result.stderr, result.stderr
-    assert "exited with code 1 after RuntimeError: deliberate failure on rank 1" in result.stderr
+    # With rank 1's exit code when it ends within the launcher's grace period ("exited with code 1
+    # after ..."), from its failure record alone when load delays its exit ("failed with ..."):
+    # either way the report is rank 1's own error.
+    report = next(line for line in result.stderr.splitlines() if "ProcessFailedError: rank 1 (pid" in line)
+    assert re.search(
+        r"rank 1 \(pid \d+\) (exited with code 1 after|failed with) RuntimeError: deliberate failure on rank 1",
+        report,
+    ), report
 
 
 def test_a_killed_child_interrupts_rank_zero_mid_computation(tmp_path: Path) -> None:
