@@ -8,16 +8,14 @@ weights at the end of each SWA epoch, Lightning at the start: docs/migrating-fro
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from helpers.scripts import run_command
+from helpers.peers import lightning_results_file
 
 SCRIPT = Path(__file__).parent / "scripts" / "callbacks_parity.py"
 
@@ -26,20 +24,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "callbacks_parity.py"
 def lightning_results(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    from benchmarks.peers import ensure_peers_venv
-
-    try:
-        python = ensure_peers_venv(log=lambda _: None)
-    except (subprocess.CalledProcessError, OSError) as error:
-        pytest.skip(f"the peers' environment with PyTorch Lightning cannot be built here: {error}")
-    key = hashlib.sha256(SCRIPT.read_bytes() + str(python).encode()).hexdigest()[:16]
-    cache = getattr(request.config, "cache", None)
-    out = cache.mkdir(f"callbacks-parity-{key}") if cache is not None else tmp_path_factory.mktemp("parity")
-    results = out / "lightning.pt"
-    if not results.exists():
-        completed = run_command([str(python), str(SCRIPT), "lightning", str(out / "new.pt")], timeout=300)
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        (out / "new.pt").replace(results)
+    results = lightning_results_file(SCRIPT, "callbacks-parity", request, tmp_path_factory)
     loaded: dict[str, Any] = torch.load(results, weights_only=True)
     return loaded
 

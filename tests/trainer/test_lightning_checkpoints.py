@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from drivetrain.trainer import Callback, EarlyStopping, ModelCheckpoint
+from helpers.peers import peers_python
 from helpers.scripts import run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
@@ -26,12 +26,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "lightning_checkpoints.py"
 
 @pytest.fixture(scope="module")
 def lightning_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from benchmarks.peers import ensure_peers_venv
-
-    try:
-        python = ensure_peers_venv(log=lambda _: None)
-    except (subprocess.CalledProcessError, OSError) as error:
-        pytest.skip(f"the peers' environment with PyTorch Lightning cannot be built here: {error}")
+    python = peers_python()
     key = hashlib.sha256(SCRIPT.read_bytes() + str(python).encode()).hexdigest()[:16]
     cache = getattr(request.config, "cache", None)
     out = (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch import nn
 
 from drivetrain.trainer.callbacks import Callback
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
+from helpers.peers import peers_python as lightning_python
 from helpers.scripts import run_command
 from trainer.hook_order import GENERAL_PATH_HOOKS, record
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
@@ -155,12 +155,7 @@ def test_gradients_stay_readable_after_the_step(accumulate: int) -> None:
 
 @pytest.fixture(scope="module")
 def peers_python() -> Path:
-    from benchmarks.peers import ensure_peers_venv
-
-    try:
-        return ensure_peers_venv(log=lambda _: None)
-    except (subprocess.CalledProcessError, OSError) as error:
-        pytest.skip(f"the peers' environment with PyTorch Lightning cannot be built here: {error}")
+    return lightning_python()
 
 
 @pytest.mark.timeout(300)

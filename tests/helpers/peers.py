@@ -1,0 +1,37 @@
+"""Running a script under real PyTorch Lightning (the benchmarks' peers venv) as a test oracle."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers.scripts import run_command
+
+
+def peers_python() -> Path:
+    """The peers venv's interpreter (built on first use); skips the test where it cannot be built."""
+    from benchmarks.peers import ensure_peers_venv
+
+    try:
+        return ensure_peers_venv(log=lambda _: None)
+    except (subprocess.CalledProcessError, OSError) as error:
+        pytest.skip(f"the peers' environment with PyTorch Lightning cannot be built here: {error}")
+
+
+def lightning_results_file(
+    script: Path, label: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """``script lightning OUT`` run under Lightning once per script version (kept in pytest's cache)."""
+    python = peers_python()
+    key = hashlib.sha256(script.read_bytes() + str(python).encode()).hexdigest()[:16]
+    cache = getattr(request.config, "cache", None)
+    out = cache.mkdir(f"{label}-{key}") if cache is not None else tmp_path_factory.mktemp(label)
+    results = out / "lightning.pt"
+    if not results.exists():
+        completed = run_command([str(python), str(script), "lightning", str(out / "new.pt")], timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        (out / "new.pt").replace(results)
+    return results
