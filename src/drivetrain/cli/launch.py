@@ -391,6 +391,10 @@ def run_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What torchrun puts in a failure's ``error_file_data`` when the rank wrote no error file.
+_NO_ERROR_FILE = "<NONE>"
+
+
 def _preempted(failures: dict[int, Any]) -> int | None:
     """The exit code ``128 + signal`` of ranks that stopped for a preemption signal, if that is what happened.
 
@@ -401,7 +405,9 @@ def _preempted(failures: dict[int, Any]) -> int | None:
     """
     stopped = {f.exitcode for f in failures.values() if f.exitcode > 0}
     wrote = [
-        f for f in failures.values() if f.error_file_data and f.error_file_data.get("message") != "<NONE>"
+        f
+        for f in failures.values()
+        if f.error_file_data and f.error_file_data.get("message") != _NO_ERROR_FILE
     ]
     others = [f for f in failures.values() if f.exitcode <= 0 and f.exitcode != -signal.SIGTERM]
     if len(stopped) != 1 or wrote or others:
@@ -457,8 +463,8 @@ def _records(failures: dict[int, Any]) -> list[FailureRecord]:
         data = failure.error_file_data or {}
         message = data.get("message")
         summary = message.get("message") if isinstance(message, dict) else message
-        if not isinstance(summary, str) or not summary:
-            continue
+        if not isinstance(summary, str) or not summary or summary == _NO_ERROR_FILE:
+            continue  # the rank wrote no error file: it ended silently (a signal, os._exit)
         secondary, order, stamp = drivetrain_error_data(data)
         key = (
             order if order is not None else 1 << 62,
