@@ -22,12 +22,13 @@ from pathlib import Path
 
 from benchmarks import load
 from benchmarks.compare import CompareError, changes_table, render_comparison, source_changes
-from benchmarks.harness import Context
+from benchmarks.harness import Context, compile_bytecode
 from benchmarks.peers import ensure_peers_venv, probe_versions
 from benchmarks.report import CaseResult, describe_machine, render_markdown, write_results
 from benchmarks.sources import SourceError, parse_sources, trees_that_moved
 
-RESULTS = Path(__file__).resolve().parent / "results"
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
 CPU_CASES = ("import_time", "ab", "step_time", "ddp", "instructions")
 ALL_CASES = (*CPU_CASES, "gpu")
 
@@ -131,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         machine["interpreters"]["peers"] = probe_versions(peers_python, ("torch", "lightning", "accelerate"))
     if args.drivetrain_src:
         machine["drivetrain_sources"] = {s.name: s.describe() for s in sources}
+    bytecode_problems = [
+        problem
+        for interpreter in dict.fromkeys(filter(None, [args.python, peers_python]))
+        if (problem := compile_bytecode(interpreter, [*(s.path for s in sources), BENCHMARKS], _log))
+    ]
+    machine["bytecode"] = (
+        "written before the cases" if not bytecode_problems else "; ".join(bytecode_problems)
+    )
     setup_s = time.perf_counter() - started
 
     cpu_results: list[CaseResult] = []
@@ -156,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             result.warnings += moved
         for line in moved:
             _log("WARNING: " + line)
+    for result in [*cpu_results, *gpu_results][:1]:
+        result.warnings += [f"{p}: imports compile in every sample" for p in bytecode_problems]
     problems = [p for r in [*cpu_results, *gpu_results] for p in r.problems]
     names = [s.name for s in sources]
     if cpu_results:

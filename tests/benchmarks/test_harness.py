@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks.harness import Runner, Sample, Variant, parse_result
+from benchmarks.harness import Runner, Sample, Variant, compile_bytecode, parse_result
 from benchmarks.training import analyse, difference_measurement, ratio_measurement
 
 # A stand-in benchmark script: echoes its config back, plus the start time it was given.
@@ -42,6 +42,35 @@ def test_a_sample_gets_its_config_start_time_threads_and_a_clean_environment(mon
     assert float(sample.result["t0"]) > 0
     assert sample.result["threads"] == "1"
     assert sample.result["rank"] is None
+
+
+def test_bytecode_is_written_once_and_samples_may_reuse_it(monkeypatch, tmp_path: Path) -> None:
+    # The sandbox's PYTHONDONTWRITEBYTECODE would make every sample compile the tree under test,
+    # which a user's Python does once; the samples must not inherit it either.
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    package = tmp_path / "tree" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    (package / "mod.py").write_text("def f():\n    return 2\n")
+    lines: list[str] = []
+    assert compile_bytecode(sys.executable, [tmp_path / "tree"], lines.append) is None
+    written = sorted(p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc"))
+    assert written == ["__init__", "mod"]
+    assert lines and str(tmp_path / "tree") in lines[0]
+    code = "import os, json; print('BENCH_RESULT ' + json.dumps({'flag': os.environ.get('PYTHONDONTWRITEBYTECODE')}))"
+    runner = Runner(threads=1)
+    try:
+        sample = runner.run_once(_variant("env", code), {})
+    finally:
+        runner.close()
+    assert sample.error is None and sample.result == {"flag": None}
+
+
+def test_bytecode_that_cannot_be_written_is_reported(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    problem = compile_bytecode(sys.executable, [broken], lambda _: None)
+    assert problem is not None and "compileall failed" in problem and "broken.py" in problem
 
 
 def test_a_failing_sample_reports_the_exception_line() -> None:
