@@ -9,6 +9,7 @@ they are still readable after the optimizer step. The hook order is checked agai
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from torch import nn
 
 from drivetrain.trainer.callbacks import Callback
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
+from helpers.peers import lightning_results_file
 from helpers.peers import peers_python as lightning_python
 from helpers.scripts import run_command
 from trainer.hook_order import GENERAL_PATH_HOOKS, record
@@ -183,3 +185,28 @@ def test_fast_path_hook_order_is_lightnings(
     first = ours.index("on_before_zero_grad")
     assert ours[first - 1] == "training_step" and ours[first + 1] == "on_before_backward"
     assert ours.count("on_before_zero_grad") == 2 // accumulate
+
+
+OUTPUTS_SCRIPT = Path(__file__).parent / "scripts" / "batch_end_outputs.py"
+
+
+@pytest.mark.timeout(300)
+def test_batch_end_loss_is_lightnings_under_accumulation(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``outputs["loss"]`` equals Lightning's (divided once by the accumulation), for a callback and the module,
+    on the fast and the general step path, with a window cut short by the data's end (5 batches)."""
+    theirs = torch.load(
+        lightning_results_file(OUTPUTS_SCRIPT, "batch-end-outputs", request, tmp_path_factory),
+        weights_only=True,
+    )
+    spec = importlib.util.spec_from_file_location("batch_end_outputs", OUTPUTS_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours = script.run_all("drivetrain")
+    assert ours.keys() == theirs.keys()
+    for (case, accumulate, _, _), seen in zip(script.CASES, ours.values()):
+        torch.testing.assert_close(seen, theirs[case], msg=case)
+        assert seen["callback"] == seen["module"]
+        assert seen["callback"] == pytest.approx([loss / accumulate for loss in seen["returned"]], rel=1e-6)
