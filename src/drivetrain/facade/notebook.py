@@ -9,8 +9,8 @@ here. If a process fails, the others are stopped and the error names it.
 
 from __future__ import annotations
 
+import datetime
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -87,17 +87,39 @@ def notebook_launcher(
         return
     if use_port is None and num_nodes > 1:
         raise ValueError("Several machines need a rendezvous port they agree on: pass use_port=...")
-    port = int(use_port) if use_port is not None else _free_port()
+    port = _port(use_port)
+    world_size = processes * num_nodes
     layout = {
         "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(processes * num_nodes),
+        "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(processes),
         "NODE_RANK": str(node_rank),
         "ACCELERATE_MIXED_PRECISION": mixed_precision,
     }
     import torch.multiprocessing as mp
 
+    from drivetrain.strategies.launchers.store import host_store, store_address
+
+    store = None
+    if node_rank == 0:
+        # This process hosts the rendezvous store before any rank starts, bound in one step (port 0:
+        # the system's choice), so no other program can take the port between choosing and binding.
+        # Every rank, rank 0 included, joins it as torchrun's ranks join their agent's store.
+        spans_nodes = num_nodes > 1
+        try:
+            store = host_store(
+                master_addr, port, world_size, datetime.timedelta(minutes=30), spans_nodes=spans_nodes
+            )
+        except (RuntimeError, OSError):  # only a port the user chose can be taken
+            raise ValueError(
+                f"notebook_launcher(use_port={use_port!r}) cannot listen on port {port} for the rendezvous: "
+                f"another program holds it (or it is not allowed). Pass a free port, or leave use_port out "
+                f"(one machine) to let the system choose one."
+            ) from None
+        port = store.port
+        layout["MASTER_ADDR"] = store_address(master_addr, spans_nodes=spans_nodes)
+        layout["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    layout["MASTER_PORT"] = str(port)
     mp.start_processes(
         _run_process,
         args=(function, args, layout, processes * node_rank),
@@ -105,6 +127,7 @@ def notebook_launcher(
         join=True,
         start_method="fork",
     )
+    del store  # hosted until every process here has ended
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2) -> None:
@@ -124,8 +147,14 @@ def _run_process(
     function(*args)
 
 
-def _free_port() -> int:
-    # Released before rank 0's store binds it: a few milliseconds in which another process could take it.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _port(use_port: str | int | None) -> int:
+    """``use_port`` as a TCP port (0, a free one, when not given)."""
+    if use_port is None:
+        return 0
+    try:
+        port = int(use_port)
+    except (TypeError, ValueError):
+        port = -1
+    if isinstance(use_port, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"use_port must be a TCP port between 1 and 65535, got {use_port!r}.")
+    return port

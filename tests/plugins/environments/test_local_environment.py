@@ -71,6 +71,14 @@ def test_local_rank_alone_means_processes_were_created_externally(setenv):
     assert LocalEnvironment().creates_processes_externally is True
 
 
+def test_a_launcher_hosted_store_is_joined_by_rank_0_too(setenv):
+    # notebook_launcher hosts the rendezvous itself and says so with torchrun's variable.
+    setenv(**CHILD, TORCHELASTIC_USE_AGENT_STORE="True")
+    assert LocalEnvironment().uses_agent_store is True
+    setenv(TORCHELASTIC_USE_AGENT_STORE="False")
+    assert LocalEnvironment().uses_agent_store is False
+
+
 def test_node_rank_prefers_node_rank_then_group_rank(setenv, monkeypatch):
     setenv(GROUP_RANK=2)
     assert LocalEnvironment().node_rank() == 2

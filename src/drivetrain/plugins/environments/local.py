@@ -60,6 +60,12 @@ class LocalEnvironment(ClusterEnvironment):
             )
         self._main_port = port
 
+    @property
+    def uses_agent_store(self) -> bool:
+        """``TORCHELASTIC_USE_AGENT_STORE=True``: the process that started this one already hosts the
+        rendezvous store on ``MASTER_PORT`` (``notebook_launcher``), so rank 0 joins it like the others."""
+        return env.get_str("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
     @staticmethod
     def detect() -> bool:
         """Always true: this is the fallback when no cluster is detected."""
