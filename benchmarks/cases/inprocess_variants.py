@@ -14,8 +14,9 @@ from torch import nn
 
 Train = Callable[[int], tuple[nn.Module, int]]
 
-# The tiny MLP's settings, shared by the in-process cases.
+# The tiny MLP's settings, shared by the in-process cases; the wide MLP's as in the step-time case.
 MODEL = {"model": "tiny", "batch_size": 64, "lr": 0.05, "seed": 0}
+WIDE_MODEL = {"model": "wide", "batch_size": 64, "lr": 0.01, "seed": 0}
 # name -> the step-time script and its extra settings.
 RAW = {"raw": {"script": "raw"}}
 DRIVETRAIN = {

@@ -29,6 +29,9 @@ def _case(payload: dict, name: str) -> dict:
     return next(c for c in payload["cases"] if c["name"] == name)
 
 
+# Four A/B processes (tiny and wide MLP, two trees) and ten import samples: ~40 s idle, ~105 s
+# at a load of 6 on 2 cores.
+@pytest.mark.timeout(300)
 def test_two_trees_are_measured_side_by_side_and_compared(tmp_path: Path) -> None:
     # A second tree: a copy of this checkout's drivetrain package (what `git worktree add` gives).
     other = tmp_path / "other" / "src"
@@ -60,15 +63,25 @@ def test_two_trees_are_measured_side_by_side_and_compared(tmp_path: Path) -> Non
     for tree in ("main", "copy"):
         assert f"import_time/drivetrain@{tree}/import_s" in keys
         assert f"ab/tiny/drivetrain_accelerator@{tree}/cpu" in keys
-    # Each A/B process imported drivetrain from its own tree.
+        assert f"ab/wide/drivetrain_accelerator@{tree}/cpu" in keys
+    # Each A/B process (tiny and wide MLP) imported drivetrain from its own tree.
     files = {
         name: {s["drivetrain_file"] for s in samples}
-        for name, samples in _case(payload, "ab")["data"]["samples"].items()
+        for part in ("tiny", "wide")
+        for name, samples in _case(payload, "ab")["data"][part]["samples"].items()
     }
     assert files == {
         "ab@main": {str(REPO_ROOT / "src" / "drivetrain" / "__init__.py")},
         "ab@copy": {str(other / "drivetrain" / "__init__.py")},
+        "ab-wide@main": {str(REPO_ROOT / "src" / "drivetrain" / "__init__.py")},
+        "ab-wide@copy": {str(other / "drivetrain" / "__init__.py")},
     }
+    wide = next(
+        m
+        for m in _case(payload, "ab")["measurements"]
+        if m["key"] == "ab/wide/drivetrain_accelerator@copy/cpu"
+    )
+    assert wide["limit"] == 1.005 and wide["interval"]["units"] == 6
     ab = _case(payload, "ab")
     accelerator = next(m for m in ab["measurements"] if m["key"] == "ab/tiny/drivetrain_accelerator@copy/cpu")
     assert accelerator["interval"]["units"] == 10 and accelerator["decision"] in (
