@@ -104,6 +104,10 @@ def test_a_callback_reads_progress_batch_counts_and_epoch_ends() -> None:
 
     # 4 batches per epoch, validation after batch 2 (mid-epoch) and 4 (closing the epoch).
     assert recorder.sizes == {"sanity": [1, 1], "train": 4, "val": [3, 2]}
+    # Whole counts are ints, as in Lightning (callbacks write range(trainer.num_training_batches)).
+    assert all(
+        type(n) is int for n in [recorder.sizes["train"], *recorder.sizes["sanity"], *recorder.sizes["val"]]
+    )
     assert [b[:4] for b in recorder.batches] == [
         (epoch, idx, idx + 1, idx == 3) for epoch in (0, 1) for idx in range(4)
     ]

@@ -204,9 +204,12 @@ class TrainerProperties:
         return self._progress.is_last_batch
 
     @property
-    def num_training_batches(self) -> float:
-        """Training batches per epoch in this process, after ``limit_train_batches`` (``inf`` when unsized)."""
-        return self._data.num_training_batches
+    def num_training_batches(self) -> int | float:
+        """Training batches per epoch in this process, after ``limit_train_batches`` (``inf`` when unsized).
+
+        An ``int`` whenever the count is finite, as in Lightning, so ``range(trainer.num_training_batches)`` works.
+        """
+        return _counts([self._data.num_training_batches])[0]
 
     @property
     def num_val_batches(self) -> list[int | float]:
