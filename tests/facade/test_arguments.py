@@ -95,6 +95,34 @@ def test_conflicting_and_unknown_settings_are_errors() -> None:
         dt.Accelerator(cpu=True, rng_types=["npu"])
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # A truthy string would otherwise be taken as True: device_placement="no" placed everything.
+        ({"device_placement": "no"}, r"device_placement expects True or False, got str \('no'\)"),
+        ({"split_batches": "yes"}, r"split_batches expects True or False, got str \('yes'\)"),
+        ({"even_batches": 0}, r"even_batches expects True or False, got int \(0\)"),
+        ({"dispatch_batches": "auto"}, r"dispatch_batches expects True or False \(or None: for iterable"),
+        ({"step_scheduler_with_optimizer": 1}, "step_scheduler_with_optimizer expects True or False"),
+        (
+            {"project_dir": 5},
+            r"project_dir=5 \(int\) is not a path\. Pass a str or a pathlib\.Path, such as 'runs/exp1'",
+        ),
+    ],
+)
+def test_settings_of_the_wrong_type_are_named(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        dt.Accelerator(cpu=True, **kwargs)
+
+
+def test_a_path_argument_of_the_wrong_type_is_named(tmp_path: Any) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    with pytest.raises(TypeError, match=r"expected a path, got int \(5\)\. Pass a str or a pathlib\.Path"):
+        accelerator.save_model(torch.nn.Linear(2, 2), 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"data_seed expects an int or None, got str"):
+        DataLoaderConfiguration(data_seed="1")  # type: ignore[arg-type]
+
+
 def test_kwargs_handlers_are_checked() -> None:
     class FP8RecipeKwargs:
         pass

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+import drivetrain as dt
 from drivetrain.trainer.callbacks import Callback
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
@@ -218,3 +219,10 @@ def test_barebones_with_a_checkpoint_callback_is_an_error() -> None:
         ValueError, match=r"barebones=True\) runs without a checkpoint callback.*ModelCheckpoint"
     ):
         dt.Trainer(accelerator="cpu", devices=1, barebones=True, callbacks=[ModelCheckpoint()])
+
+
+def test_a_default_root_dir_that_is_not_a_path_is_named() -> None:
+    with pytest.raises(
+        TypeError, match=r"default_root_dir=5 \(int\) is not a path\. Pass a str or a pathlib\.Path"
+    ):
+        dt.Trainer(default_root_dir=5)  # type: ignore[arg-type]

@@ -30,9 +30,24 @@ _SCHEME = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]*)://")
 _LOCAL_PROTOCOLS = ("file", "local")
 
 
+def _text(path: str | os.PathLike[str], name: str | None = None) -> str:
+    """``path`` as a string, or a ``TypeError`` that says what a path may be (not ``os.fspath``'s bare one)."""
+    text = path if isinstance(path, str) else os.fspath(path) if isinstance(path, os.PathLike) else None
+    if not isinstance(text, str):
+        kind = type(path).__name__
+        given = (
+            f"{name}={path!r} ({kind}) is not a path" if name else f"expected a path, got {kind} ({path!r})"
+        )
+        raise TypeError(
+            f"{given}. Pass a str or a pathlib.Path, such as "
+            f"'runs/exp1', or a URL such as 's3://bucket/runs'."
+        )
+    return text
+
+
 def protocol(path: str | os.PathLike[str]) -> str | None:
     """The scheme of ``path`` (``"s3"`` for ``s3://bucket/key``), ``None`` for a plain local path."""
-    match = _SCHEME.match(os.fspath(path))
+    match = _SCHEME.match(_text(path))
     return match["protocol"].lower() if match else None
 
 
@@ -44,9 +59,12 @@ def is_remote(path: str | os.PathLike[str] | None) -> bool:
     return scheme is not None and scheme not in _LOCAL_PROTOCOLS
 
 
-def normalize(path: str | os.PathLike[str]) -> str:
-    """``path`` as a string: ``file://`` URLs become local paths, remote URLs stay as given."""
-    text = os.fspath(path)
+def normalize(path: str | os.PathLike[str], name: str | None = None) -> str:
+    """``path`` as a string: ``file://`` URLs become local paths, remote URLs stay as given.
+
+    ``name`` (the argument's name) makes the error for something that is not a path name it.
+    """
+    text = _text(path, name)
     scheme = protocol(text)
     if scheme in _LOCAL_PROTOCOLS:
         return text.split("://", 1)[1]
@@ -90,7 +108,7 @@ def filesystem(
         MissingDependencyError: the package implementing the protocol (``s3fs``, ``gcsfs`` …)
             is not installed; the message names it.
     """
-    text = os.fspath(path)
+    text = _text(path)
     scheme = protocol(text) or "file"
     try:
         import fsspec

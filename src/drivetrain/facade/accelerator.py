@@ -149,6 +149,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     ) -> None:
         from drivetrain.data.rng import validate_rng_types
         from drivetrain.strategies.launchers.overrides import accelerate_variables
+        from drivetrain.utils.configuration import check_flag
 
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)
         strategy, parallelism_options = settings.parallelism(strategy, parallelism_config, tp_plan)
@@ -164,6 +165,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             cpu = True
         #: Whether every collective first checks that all processes call it alike.
         self.debug = settings.debug_mode(debug, environment.debug_mode)
+        check_flag("device_placement", device_placement)
+        check_flag("step_scheduler_with_optimizer", step_scheduler_with_optimizer)
         self.device_placement = device_placement
         self.dataloader_config = settings.data_config(
             dataloader_config, split_batches, dispatch_batches, even_batches

@@ -221,7 +221,9 @@ class Trainer(TrainerProperties):
         self._benchmark = benchmark
         self._use_distributed_sampler = use_distributed_sampler
         self._default_root_dir = (
-            paths.normalize(default_root_dir) if default_root_dir is not None else os.getcwd()
+            paths.normalize(default_root_dir, "default_root_dir")
+            if default_root_dir is not None
+            else os.getcwd()
         )
         paths.check(self._default_root_dir)  # s3://... without s3fs, or an unknown scheme: reported here
         fast = self._settings.fast_dev_run > 0

@@ -87,17 +87,17 @@ class ProjectConfiguration:
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
         """Set ``project_dir``, and ``logging_dir`` too unless it was given."""
-        self.project_dir = paths.normalize(project_dir) if project_dir is not None else None
+        self.project_dir = paths.normalize(project_dir, "project_dir") if project_dir is not None else None
         paths.check(self.project_dir)  # s3://... without s3fs, or an unknown scheme: reported here
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
-            self.project_dir = paths.normalize(self.project_dir)
+            self.project_dir = paths.normalize(self.project_dir, "project_dir")
             paths.check(self.project_dir)
         if self.logging_dir is not None:
-            self.logging_dir = paths.normalize(self.logging_dir)
+            self.logging_dir = paths.normalize(self.logging_dir, "logging_dir")
             paths.check(self.logging_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
@@ -136,6 +136,24 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
 
+    def __post_init__(self) -> None:
+        for name in (
+            "split_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        ):
+            check_flag(name, getattr(self, name))
+        if self.dispatch_batches is not None:
+            check_flag("dispatch_batches", self.dispatch_batches, none_means="for iterable datasets only")
+        if self.data_seed is not None and (
+            isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)
+        ):
+            raise TypeError(
+                f"data_seed expects an int or None, got {type(self.data_seed).__name__} ({self.data_seed!r})."
+            )
+
 
 @dataclasses.dataclass
 class GradientAccumulationPlugin:
@@ -154,3 +172,11 @@ class GradientAccumulationPlugin:
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+
+
+def check_flag(name: str, value: object, none_means: str | None = None) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` is ``True`` or ``False`` (a truthy string is not)."""
+    if isinstance(value, bool):
+        return
+    allowed = "True or False" + (f" (or None: {none_means})" if none_means else "")
+    raise TypeError(f"{name} expects {allowed}, got {type(value).__name__} ({value!r}).")
