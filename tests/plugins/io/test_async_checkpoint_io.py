@@ -235,3 +235,117 @@ def test_snapshot_of_cuda_tensors_is_taken_before_save_returns(tmp_path):
     io.teardown()
     for key, value in expected.items():
         assert loaded["model"][key].device.type == "cpu" and torch.equal(loaded["model"][key], value)
+
+
+# -- staging memory reused from save to save ---------------------------------------------------------
+class RecordingIO(TorchCheckpointIO):
+    """Records where the tensors it is given live (addresses only: it keeps no tensor)."""
+
+    def __init__(self) -> None:
+        self.addresses: list[list[int]] = []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        tensors = [*checkpoint["model"].values(), checkpoint["extra"]]
+        self.addresses.append([t.data_ptr() for t in tensors])
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+def _state(model: nn.Module, extra: torch.Tensor) -> dict:
+    return {"model": model.state_dict(), "extra": extra, "epoch": 1}
+
+
+def test_reused_staging_memory_never_leaks_one_save_into_another(tmp_path):
+    inner = RecordingIO()
+    io = AsyncCheckpointIO(inner)
+    model, extra = nn.Linear(64, 32), torch.zeros(5)
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    io.save_checkpoint(_state(model, extra), tmp_path / "first.ckpt")
+    io.load_checkpoint(tmp_path / "first.ckpt")  # waits: the first save is written
+    with torch.no_grad():
+        model.weight.mul_(-2.0)
+        model.bias.add_(3.0)
+    extra.fill_(7.0)
+    second = {k: v.clone() for k, v in model.state_dict().items()}
+    io.save_checkpoint(_state(model, extra), tmp_path / "second.ckpt")
+    io.teardown()
+    # The second snapshot went into the first one's memory (the case where a leak could happen).
+    assert inner.addresses[1] == inner.addresses[0]
+    loaded_first = TorchCheckpointIO().load_checkpoint(tmp_path / "first.ckpt")
+    loaded_second = TorchCheckpointIO().load_checkpoint(tmp_path / "second.ckpt")
+    for key in first:
+        assert torch.equal(loaded_first["model"][key], first[key])
+        assert torch.equal(loaded_second["model"][key], second[key])
+    assert torch.equal(loaded_first["extra"], torch.zeros(5))
+    assert torch.equal(loaded_second["extra"], torch.full((5,), 7.0))
+
+
+def test_a_save_taken_while_another_is_pending_gets_memory_of_its_own(tmp_path):
+    class GatedRecordingIO(RecordingIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = threading.Event()
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            assert self.gate.wait(10), "the test never opened the gate"
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    inner = GatedRecordingIO()
+    io = AsyncCheckpointIO(inner)
+    model, extra = nn.Linear(8, 8), torch.zeros(3)
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    io.save_checkpoint(_state(model, extra), tmp_path / "first.ckpt")  # pending until the gate opens
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    io.save_checkpoint(_state(model, extra), tmp_path / "second.ckpt")
+    inner.gate.set()
+    io.teardown()
+    assert set(inner.addresses[0]).isdisjoint(inner.addresses[1])
+    loaded_first = TorchCheckpointIO().load_checkpoint(tmp_path / "first.ckpt")
+    loaded_second = TorchCheckpointIO().load_checkpoint(tmp_path / "second.ckpt")
+    assert torch.equal(loaded_first["model"]["weight"], first["weight"])
+    assert torch.equal(loaded_second["model"]["weight"], first["weight"] + 1.0)
+
+
+def test_a_checkpoint_whose_tensors_change_shape_between_saves_is_saved_whole(tmp_path):
+    io = AsyncCheckpointIO()
+    io.save_checkpoint({"w": torch.ones(4), "b": torch.zeros(2, dtype=torch.int64)}, tmp_path / "a.ckpt")
+    io.load_checkpoint(tmp_path / "a.ckpt")
+    later = {
+        "w": torch.arange(6.0).view(2, 3),
+        "b": torch.ones(2, dtype=torch.int64),
+        "new": torch.full((3,), 2.0),
+    }
+    later["view"] = torch.arange(10.0)[::2]  # not contiguous: copied as it is
+    io.save_checkpoint(later, tmp_path / "b.ckpt")
+    loaded = io.load_checkpoint(tmp_path / "b.ckpt")
+    io.teardown()
+    assert set(loaded) == set(later)
+    for key, value in later.items():
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+
+
+def test_a_checkpoint_io_of_ones_own_gets_new_copies_it_may_keep(tmp_path):
+    class KeepingIO(CheckpointIO):
+        """Keeps every checkpoint in memory, as an in-memory store would."""
+
+        def __init__(self) -> None:
+            self.kept: dict[str, dict] = {}
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            self.kept[str(path)] = checkpoint
+
+        def load_checkpoint(self, path, map_location=None):
+            return self.kept[str(path)]
+
+        def remove_checkpoint(self, path):
+            self.kept.pop(str(path), None)
+
+    io = AsyncCheckpointIO(KeepingIO())
+    weights = torch.zeros(4)
+    io.save_checkpoint({"w": weights}, "one")
+    io.load_checkpoint("one")
+    weights.fill_(1.0)
+    io.save_checkpoint({"w": weights}, "two")
+    assert torch.equal(io.load_checkpoint("one")["w"], torch.zeros(4))
+    assert torch.equal(io.load_checkpoint("two")["w"], torch.ones(4))
+    io.teardown()

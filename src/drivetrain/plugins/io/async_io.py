@@ -2,7 +2,9 @@
 
 The checkpoint's tensors are copied to CPU before ``save_checkpoint`` returns, so the caller may
 change parameters and optimizer state straight away; only the write (serialisation and disk
-I/O) happens later, in one worker thread, in the order the saves were requested.
+I/O) happens later, in one worker thread, in the order the saves were requested. That copy is all
+the training loop waits for; it goes into memory kept from earlier saves (see
+:mod:`drivetrain.plugins.io.staging`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
 from drivetrain._utilities import paths
-from drivetrain._utilities.apply import apply_to_collection
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.plugins.io.staging import Lease, StagingPool, snapshot
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
 
 
@@ -31,6 +31,12 @@ class AsyncCheckpointIO(CheckpointIO):
     as a ``RuntimeWarning`` when it is garbage-collected or the interpreter exits.
     :meth:`load_checkpoint` and :meth:`remove_checkpoint` first wait for pending saves, so they
     see every save requested before them.
+
+    Saves through a :class:`TorchCheckpointIO` (the default, or a subclass: it must not keep the
+    checkpoint's tensors once its ``save_checkpoint`` returns) copy the tensors into CPU memory
+    kept from the previous save, which is several times faster than copying into new memory; the
+    memory is released by :meth:`teardown`. Any other ``CheckpointIO`` may keep what it is given,
+    so it gets new copies every time.
 
     Args:
         checkpoint_io: the IO that does the writing; :class:`TorchCheckpointIO` by default.
@@ -44,6 +50,7 @@ class AsyncCheckpointIO(CheckpointIO):
             )
         self.checkpoint_io: CheckpointIO = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         self._queue = _SaveQueue()
+        self._staging = StagingPool() if isinstance(self.checkpoint_io, TorchCheckpointIO) else None
         # The finaliser holds the queue, never ``self``, so it cannot keep this object alive.
         weakref.finalize(self, self._queue.close_abandoned)
 
@@ -55,8 +62,14 @@ class AsyncCheckpointIO(CheckpointIO):
         if isinstance(self.checkpoint_io, TorchCheckpointIO) and not paths.is_remote(path):
             # Fail here, not one call later from the worker thread.
             reject_storage_options(self.checkpoint_io, storage_options)
-        snapshot = _snapshot(checkpoint)
-        self._queue.submit(path, self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
+        if self._staging is None:
+            self._queue.submit(
+                path, self.checkpoint_io.save_checkpoint, snapshot(checkpoint), path, storage_options
+            )
+            return
+        staged, lease = self._staging.snapshot(checkpoint)
+        save = self.checkpoint_io.save_checkpoint
+        self._queue.submit(path, _write_staged, save, self._staging, lease, staged, path, storage_options)
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any | None = None, **kwargs: Any
@@ -75,6 +88,8 @@ class AsyncCheckpointIO(CheckpointIO):
     def teardown(self) -> None:
         """Wait for every pending save and stop the worker thread; raise the first failed save."""
         self._queue.shut_down()
+        if self._staging is not None:
+            self._staging.clear()
         try:
             self._raise_failed_saves()
         finally:
@@ -163,15 +178,10 @@ class _SaveQueue:
             )
 
 
-def _snapshot(checkpoint: Any) -> Any:
-    """``checkpoint`` with every tensor replaced by a detached CPU copy (containers rebuilt)."""
-    copies: dict[int, Tensor] = {}
-
-    def copy(tensor: Tensor) -> Tensor:
-        # A tensor that appears twice (tied weights) is copied once and stays shared in the file.
-        found = copies.get(id(tensor))
-        if found is None:
-            found = copies[id(tensor)] = tensor.detach().to("cpu", copy=True)
-        return found
-
-    return apply_to_collection(checkpoint, Tensor, copy)
+def _write_staged(save: Any, staging: StagingPool, lease: Lease, *args: Any) -> None:
+    # A function, not a method: a pending save must not keep the AsyncCheckpointIO alive.
+    try:
+        save(*args)
+    finally:
+        # Written (or failed and removed): the next snapshot may overwrite these buffers.
+        staging.release(lease)
