@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from drivetrain._utilities import paths
+from drivetrain.plugins.io.write_behind import write_behind
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.drivetrain-(?P<kind>partial|old|deleted)-(?P<token>[0-9a-f]{12})$")
 #: The object that completes a remote checkpoint folder (written last; readers require it).
@@ -149,7 +150,9 @@ def write_file(
     with in_flight(partial_path(target, new_token())) as tmp:
         try:
             with open(tmp, "xb") as file:
-                write(file)
+                # The disk starts on the first chunks while the rest is produced: the fsync,
+                # which stays the only thing that says the bytes are on disk, then waits for little.
+                write(write_behind(file))
                 file.flush()
                 os.fsync(file.fileno())
             if verify is not None:
