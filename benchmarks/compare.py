@@ -134,8 +134,9 @@ def changes_table(
     rows = []
     for item in changes:
         decisions = ""
-        if item.new.limit is not None:
-            decisions = f"{decision_mark(item.old.decision)} → {decision_mark(item.new.decision)}"
+        if item.old.limit is not None or item.new.limit is not None:
+            # A target that moved to another measurement (or a new one) shows as "no target" on one side.
+            decisions = f"{_decision(item.old)} → {_decision(item.new)}"
         signed = item.new.unit == "s"
         rows.append(
             [
@@ -161,15 +162,34 @@ def render_comparison(old_path: Path, new_path: Path) -> str:
         by_case.setdefault(title, []).append(item)
     for title, items in by_case.items():
         lines += render_table(changes_table(title, items))
-    only_old = sorted(set(old) - set(new))
-    only_new = sorted(set(new) - set(old))
-    if only_old:
-        lines += [f"Only in {old_path}: " + ", ".join(only_old), ""]
+    # Cases change layout between versions of the suite (a target decided by another measurement,
+    # a table added): what only one side has is listed, with its value and target, not dropped.
+    only_old = [key for key in old if key not in new]
+    only_new = [key for key in new if key not in old]
     if only_new:
-        lines += [f"Only in {new_path}: " + ", ".join(only_new), ""]
+        lines += render_table(_one_side_table(f"New measurements (only in {new_path})", new, only_new))
+    if only_old:
+        lines += render_table(_one_side_table(f"Removed measurements (only in {old_path})", old, only_old))
     if not by_case:
         lines += ["No measurement appears in both files.", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _decision(measurement: Measurement) -> str:
+    return "no target" if measurement.limit is None else decision_mark(measurement.decision)
+
+
+def _one_side_table(title: str, found: dict[str, tuple[str, Measurement]], keys: Sequence[str]) -> Table:
+    rows = []
+    for key in keys:
+        case, measurement = found[key]
+        target = (
+            f"{_decision(measurement)} (limit {measurement.limit:g})" if measurement.limit is not None else ""
+        )
+        rows.append(
+            [case, measurement.label, fmt_measurement(measurement, signed=measurement.unit == "s"), target]
+        )
+    return Table(title, ["case", "measurement", "value [95 %]", "target decision"], rows)
 
 
 def _run_line(name: str, path: Path) -> str:

@@ -203,23 +203,34 @@ class Runner:
         *,
         rounds: int,
         warmup_rounds: int = 0,
+        rounds_of: Mapping[str, int] | None = None,
+        min_rounds: int | None = None,
+        enough: Callable[[dict[str, list[Sample]]], bool] | None = None,
     ) -> dict[str, list[Sample]]:
         """Run every variant once per round, round after round; warm-up rounds are discarded.
 
         A variant that fails is not run again (its error is kept as its only sample), so one broken
         variant costs one process, not one per round.
+
+        Args:
+            rounds_of: variant name -> the number of rounds it takes part in (the first ones), for
+                variants that need fewer rounds than the others; the rest run ``rounds``.
+            min_rounds, enough: with both, stop after any round from ``min_rounds`` on at which
+                ``enough(samples so far)`` holds (the rounds are then "up to ``rounds``").
         """
         samples: dict[str, list[Sample]] = {v.name: [] for v in variants}
         failed: set[str] = set()
+        limits = rounds_of or {}
         for round_index in range(warmup_rounds + rounds):
             warm = round_index < warmup_rounds
+            measured = round_index - warmup_rounds
             for variant in variants:
-                if variant.name in failed:
+                if variant.name in failed or (not warm and measured >= limits.get(variant.name, rounds)):
                     continue
-                sample = self.run_once(variant, config, round_index - warmup_rounds)
+                sample = self.run_once(variant, config, measured)
                 status = "ok" if sample.error is None else "FAILED"
                 self.log(
-                    f"  {'warm-up' if warm else f'round {round_index - warmup_rounds + 1}/{rounds}'}"
+                    f"  {'warm-up' if warm else f'round {measured + 1}/{rounds}'}"
                     f" {variant.name}: {status} ({sample.wall_s:.1f} s)"
                 )
                 if sample.error is not None:
@@ -228,6 +239,16 @@ class Runner:
                     self.log("    " + sample.error.replace("\n", "\n    "))
                 elif not warm:
                     samples[variant.name].append(sample)
+            done = measured + 1
+            if (
+                not warm
+                and min_rounds is not None
+                and enough is not None
+                and min_rounds <= done < rounds
+                and enough(samples)
+            ):
+                self.log(f"  precise enough after {done} rounds")
+                break
         return samples
 
 

@@ -85,8 +85,32 @@ def test_compare_prints_a_table_per_case_and_what_only_one_run_has(tmp_path: Pat
     assert "| measurement | old | new | change [95 %] | verdict | target decision |" in text
     row = next(line for line in text.splitlines() if line.startswith("| acc |"))
     assert "| 1.080× [" in row and "| 1.010× [" in row and "| lower | **missed** → met |" in row
-    assert f"Only in {old}: step_time/tiny/gone/step_s" in text
-    assert f"Only in {new}: step_time/tiny/added/step_s" in text
+    assert f"**New measurements (only in {new})**" in text
+    assert f"**Removed measurements (only in {old})**" in text
+    new_part = text.split("**New measurements")[1].split("**Removed measurements")[0]
+    removed_part = text.split("**Removed measurements")[1]
+    assert "| 1. Step time | added | 1.500× [" in new_part and "gone" not in new_part
+    assert "| 1. Step time | gone | 2.000× [" in removed_part and "added" not in removed_part
+
+
+def test_compare_across_a_changed_case_layout_shows_where_each_target_went(tmp_path: Path) -> None:
+    # The suite moved the wide-MLP target from the fresh-process case to the in-process A/B: the
+    # old key stays comparable (now without a target), the new key is listed with its decision.
+    old = _write(tmp_path, "old", [_ratio("step_time/wide/acc/step_s", 0.98, 0.05, limit=1.005)])
+    new = _write(
+        tmp_path,
+        "new",
+        [
+            _ratio("step_time/wide/acc/step_s", 0.99, 0.05),
+            _ratio("ab/wide/acc/cpu", 1.001, 0.001, limit=1.005),
+        ],
+    )
+    text = render_comparison(old, new)
+    row = next(line for line in text.splitlines() if line.startswith("| acc |"))
+    assert row.endswith("| met → no target |")
+    new_part = text.split("**New measurements")[1]
+    assert "| 1. Step time | acc | 1.001× [" in new_part and "| met (limit 1.005) |" in new_part
+    assert "Removed measurements" not in text
 
 
 def test_the_command_line_compare_prints_and_rejects_files_it_cannot_use(

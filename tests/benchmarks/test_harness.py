@@ -118,6 +118,38 @@ def test_rounds_interleave_variants_and_a_failed_variant_is_not_retried(tmp_path
     assert len(samples["bad"]) == 1 and samples["bad"][0].error.startswith("exit code 2")
 
 
+def test_some_variants_take_fewer_rounds_and_rounds_stop_once_precise_enough(tmp_path: Path) -> None:
+    order = tmp_path / "order.txt"
+
+    def record(name: str) -> str:
+        return f"open({str(order)!r}, 'a').write('{name}\\n'); " + ECHO
+
+    seen: list[int] = []
+
+    def enough(samples: dict[str, list[Sample]]) -> bool:
+        seen.append(len(samples["ref"]))
+        return len(samples["ref"]) >= 4
+
+    runner = Runner(threads=1, log=lambda _: None)
+    try:
+        samples = runner.interleave(
+            [_variant("ref", record("ref")), _variant("peer", record("peer"))],
+            {},
+            rounds=6,
+            rounds_of={"peer": 2},
+            min_rounds=3,
+            enough=enough,
+        )
+    finally:
+        runner.close()
+    # The peer runs in the first two rounds only, paired with the reference of the same rounds;
+    # the check starts after round 3 and ends the rounds after round 4, not at 6.
+    assert order.read_text().split() == ["ref", "peer", "ref", "peer", "ref", "ref"]
+    assert [s.round for s in samples["peer"]] == [0, 1]
+    assert [s.round for s in samples["ref"]] == [0, 1, 2, 3]
+    assert seen == [3, 4]
+
+
 def _sample(name: str, loss: float, steps: int = 10, step_s: float = 0.001) -> Sample:
     return Sample(name, 0, 1.0, result={"final_loss": loss, "steps": steps, "step_s": step_s})
 

@@ -8,13 +8,17 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from benchmarks.cases.ab import precise_enough
+from benchmarks.cases.ddp.ab import measurements as ddp_measurements
+from benchmarks.cases.ddp.ab import precise_enough as ddp_precise_enough
 from benchmarks.inprocess import TurnError, Turns, schedule, williams_orders
 from benchmarks.intervals import Measurement, Scale
+from benchmarks.sources import Source
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
@@ -218,3 +222,30 @@ def test_the_ab_case_adds_processes_until_every_drivetrain_ratio_is_precise() ->
     assert not precise_enough(
         [Measurement("ab/tiny/drivetrain_trainer/cpu", "x", Scale.RATIO, "× raw", [])], 0.008
     )
+
+
+def test_the_ddp_ab_pairs_each_door_with_raw_per_round_and_gates_on_the_wall_clock() -> None:
+    def launch(scale: float, noise: float) -> dict:
+        raw = [0.1 * (1 + noise * ((i * 5 % 7) - 3) / 3) for i in range(36)]
+        return {
+            "variants": {
+                "raw": {"wall_s": raw, "cpu_s": raw, "error": None},
+                # Each block of the door pairs with raw's block of the same round: the shared
+                # noise cancels, only the door's own cost is left.
+                "drivetrain_trainer": {"wall_s": [r * scale for r in raw], "cpu_s": raw, "error": None},
+            }
+        }
+
+    chosen = {"raw": {}, "drivetrain_trainer": {}}
+    found = ddp_measurements([launch(1.004, 0.2), launch(1.004, 0.05)], chosen, Source("after", Path("x")))
+    by_key = {m.key: m for m in found}
+    wall = by_key["ddp/ab/drivetrain_trainer@after/wall"]
+    assert wall.limit == 1.02 and wall.interval.estimate == pytest.approx(1.004)
+    assert wall.interval.high - wall.interval.low < 1e-9 and wall.decision.value == "met"
+    assert by_key["ddp/ab/drivetrain_trainer@after/cpu"].limit is None
+    assert ddp_precise_enough(found, 0.005)
+    # Only the targeted (wall-clock) ratios hold the launches up.
+    spread = Measurement("ddp/ab/x/wall", "x", Scale.RATIO, "× raw", [[0.0, 0.02, -0.02] * 4], 1.02)
+    assert not ddp_precise_enough([*found, spread], 0.005)
+    spread.limit = None
+    assert ddp_precise_enough([*found, spread], 0.005)

@@ -182,3 +182,34 @@ def test_callgrind_counts_the_same_instructions_for_every_step(tmp_path: Path) -
     # Two independent differences of runs give the same count: the measure does not depend on luck.
     assert abs(first - second) <= AGREEMENT * max(first, second)
     assert 1e5 < first < 1e8
+
+
+# One DDP A/B launch (torchrun, 2 ranks: raw DDP and both doors in turns) and one fresh launch per
+# variant: ~25 s idle, ~70 s at a load of 5 on 2 cores.
+@pytest.mark.timeout(300)
+def test_the_ddp_case_decides_the_steady_step_in_process_and_the_first_step_from_launches(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "results"
+    assert main(["run", "--quick", "--no-peers", "--cases", "ddp", "--output-dir", str(out)]) == 0
+    payload = json.loads((out / "quick.json").read_text())
+    ddp = _case(payload, "ddp")
+    assert ddp["problems"] == []
+    found = {m["key"]: m for m in ddp["measurements"]}
+    for door in ("drivetrain_trainer", "drivetrain_accelerator"):
+        # The steady-step target is the A/B's rank-0 wall clock; the fresh launches keep only the first step.
+        assert found[f"ddp/ab/{door}/wall"]["limit"] == 1.02
+        assert found[f"ddp/ab/{door}/wall"]["interval"]["units"] == 6
+        assert found[f"ddp/ab/{door}/cpu"]["limit"] is None
+        assert found[f"ddp/2proc/{door}/first_step_s"]["limit"] == 0.1
+        assert found[f"ddp/2proc/{door}/step_s"]["limit"] is None
+    [launch] = ddp["data"]["ab"]["samples"]["ddp-ab"]
+    assert launch["world_size"] == 2 and launch["expected_steps"] == 5 + 6 * 5
+    variants = launch["variants"]
+    assert set(variants) == {"raw", "drivetrain_trainer", "drivetrain_accelerator"}
+    for entry in variants.values():
+        assert entry["error"] is None and entry["steps"] == 35 and len(entry["wall_s"]) == 6
+        assert entry["final_loss"] == pytest.approx(variants["raw"]["final_loss"], rel=1e-5)
+    text = (out / "quick.md").read_text()
+    assert "**Steady DDP step, in-process A/B: torchrun, 2 ranks, one gloo group;" in text
+    assert "| drivetrain Trainer: steady DDP step (in-process A/B, rank 0 wall time) | ≤ 1.02× raw |" in text

@@ -235,7 +235,7 @@ def _run_part(context: Context, runner: Runner, part: Part, result: CaseResult) 
         if failed:
             result.problems.append(f"A/B process ({part.model}){source.suffix} failed: {failed[0]}")
         good = _good(samples, part, source)
-        result.problems += _check(good, chosen, source)
+        result.problems += check_processes(good, chosen, source)
         measurements = _measurements(good, chosen, source, part, sizing.block_steps)
         measured += measurements
         rows += _rows(good, chosen, source, measurements, part, sizing.block_steps)
@@ -297,7 +297,10 @@ def _names(chosen: dict[str, Any], source: Source) -> dict[str, str]:
     return {n: (n + source.suffix if n in DRIVETRAIN else n) for n in chosen}
 
 
-def _check(results: list[dict[str, Any]], chosen: dict[str, Any], source: Source) -> list[str]:
+def check_processes(
+    results: list[dict[str, Any]], chosen: dict[str, Any], source: Source, rel_tol: float = LOSS_REL_TOL
+) -> list[str]:
+    """Every variant of every process took the planned steps and ended at raw's final loss."""
     problems = []
     for index, result in enumerate(results):
         variants = result["variants"]
@@ -313,7 +316,7 @@ def _check(results: list[dict[str, Any]], chosen: dict[str, Any], source: Source
         if "raw" in losses:
             problems += [
                 f"A/B{source.suffix} process {index}: {p}"
-                for p in check_same_loss(losses, "raw", rel_tol=LOSS_REL_TOL)
+                for p in check_same_loss(losses, "raw", rel_tol=rel_tol)
             ]
     return problems
 
@@ -350,7 +353,7 @@ def _rows(
     rows = []
     for name, shown in _names(chosen, source).items():
         label = LABELS[name] + (source.label_suffix if name in DRIVETRAIN or name == "raw" else "")
-        per_step = {clock: _per_step(results, name, clock, block_steps) for clock in ("cpu", "wall")}
+        per_step = {clock: per_step_time(results, name, clock, block_steps) for clock in ("cpu", "wall")}
         if name == "raw":
             rows.append([label, fmt_seconds(per_step["cpu"]), "1", fmt_seconds(per_step["wall"]), "1"])
             continue
@@ -366,7 +369,7 @@ def _rows(
     return rows
 
 
-def _per_step(results: list[dict[str, Any]], name: str, clock: str, block_steps: int) -> float | None:
+def per_step_time(results: list[dict[str, Any]], name: str, clock: str, block_steps: int) -> float | None:
     """Median block time over all processes, per step."""
     blocks = sorted(b for r in results for b in r["variants"].get(name, {}).get(f"{clock}_s", []))
     return blocks[len(blocks) // 2] / block_steps if blocks else None

@@ -26,11 +26,12 @@ LOSS_REL_TOL = 1e-6
 # (on an idle machine the wide MLP's per-process mean ranged 17.2 to 20.7 ms, its paired log ratios
 # to raw up to ±12 %), so no affordable number of rounds resolves the wide MLP's 0.5 % limit; both
 # MLPs' targets are decided by the in-process A/B case. These rounds give command-to-first-step,
-# memory, the peers' wide-MLP rows and a second, wider view; the wide MLP's 3 rounds (4 before)
-# pay for part of the A/B case's wide table.
+# memory, the peers' wide-MLP rows and a second, wider view; 2 rounds each (the fewest that give
+# an interval; 3 and 4 before, ~75 s more) pay for the A/B case's wide table and the DDP case's
+# A/B and first-step rounds.
 SETTINGS = {
-    "tiny": {"full": (100, 800, 64, 0.05, 3), "quick": (50, 300, 64, 0.05, 1)},
-    "wide": {"full": (5, 40, 64, 0.01, 3), "quick": (3, 15, 64, 0.01, 1)},
+    "tiny": {"full": (100, 800, 64, 0.05, 2), "quick": (50, 300, 64, 0.05, 1)},
+    "wide": {"full": (5, 40, 64, 0.01, 2), "quick": (3, 15, 64, 0.01, 1)},
 }
 # Targets decided here: none (the A/B case decides them); kept as a table for a case that may get one.
 LIMITS: dict[str, dict[str, float]] = {}

@@ -26,7 +26,8 @@ def train(config: dict) -> tuple[nn.Module, int]:
     sampler = None
     train_model = model
     if distributed:
-        dist.init_process_group("gloo")
+        if not dist.is_initialized():  # the DDP A/B program makes it once for all its variants
+            dist.init_process_group("gloo")
         train_model = DistributedDataParallel(model)
         sampler = DistributedSampler(dataset, shuffle=False)
     optimizer = common.build_optimizer(train_model, config)
