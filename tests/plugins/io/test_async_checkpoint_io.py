@@ -316,12 +316,24 @@ def test_a_checkpoint_whose_tensors_change_shape_between_saves_is_saved_whole(tm
         "new": torch.full((3,), 2.0),
     }
     later["view"] = torch.arange(10.0)[::2]  # not contiguous: copied as it is
+    later["sparse"] = torch.eye(3).to_sparse()
     io.save_checkpoint(later, tmp_path / "b.ckpt")
     loaded = io.load_checkpoint(tmp_path / "b.ckpt")
     io.teardown()
     assert set(loaded) == set(later)
     for key, value in later.items():
-        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+        dense = value.to_dense() if value.is_sparse else value
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key].to_dense(), dense), key
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_snapshotted_too(tmp_path):
+    ragged = torch.nested.nested_tensor([torch.ones(2), torch.arange(3.0)])
+    io = AsyncCheckpointIO()
+    io.save_checkpoint({"ragged": ragged, "w": torch.ones(2)}, tmp_path / "c.ckpt")
+    loaded = io.load_checkpoint(tmp_path / "c.ckpt", weights_only=False)
+    io.teardown()
+    assert [t.tolist() for t in loaded["ragged"].unbind()] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
 
 
 def test_a_checkpoint_io_of_ones_own_gets_new_copies_it_may_keep(tmp_path):

@@ -93,10 +93,11 @@ def _fresh_copy(tensor: Tensor) -> Tensor:
 
 
 def _stageable(tensor: Tensor) -> bool:
-    """Plain dense tensors only: subclasses (DTensor ...), sparse, quantized and meta tensors are copied as before."""
+    """Plain dense tensors only: subclasses (DTensor ...), sparse, nested, quantized and meta tensors get new copies."""
     return (
         type(tensor) in (Tensor, torch.nn.Parameter)
         and tensor.layout == torch.strided
+        and not tensor.is_nested
         and not tensor.is_quantized
         and tensor.device.type != "meta"
         and tensor.is_contiguous()
