@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from benchmarks.__main__ import main
+from benchmarks.cases import ab as ab_case
+from benchmarks.cases.ddp.ab import run_ab
 from benchmarks.cases.instructions import (
     AGREEMENT,
     QUICK_STEPS,
@@ -20,7 +22,7 @@ from benchmarks.cases.instructions import (
     per_step,
     read_dumps,
 )
-from benchmarks.harness import Runner, Sample
+from benchmarks.harness import Context, Runner, Sample
 from benchmarks.report import CaseResult
 from benchmarks.sources import REPO_ROOT, Source
 
@@ -213,3 +215,20 @@ def test_the_ddp_case_decides_the_steady_step_in_process_and_the_first_step_from
     text = (out / "quick.md").read_text()
     assert "**Steady DDP step, in-process A/B: torchrun, 2 ranks, one gloo group;" in text
     assert "| drivetrain Trainer: steady DDP step (in-process A/B, rank 0 wall time) | ≤ 1.02× raw |" in text
+
+
+def test_an_ab_table_whose_variants_are_not_chosen_starts_no_process(tmp_path: Path) -> None:
+    # `--only` a peer without the peers: neither A/B table nor the DDP A/B has anything to compare.
+    lines: list[str] = []
+    context = Context(
+        quick=True, python=sys.executable, peers_python=None, only=frozenset({"fabric"}), log=lines.append
+    )
+    result = ab_case.run(context)
+    assert result.measurements == [] and result.tables == [] and result.problems == []
+    assert lines == [
+        "ab/tiny: no variant of this table chosen (--only); skipped",
+        "ab/wide: no variant of this table chosen (--only); skipped",
+    ]
+    ddp = CaseResult("ddp", "DDP", "")
+    run_ab(context, ddp, {})
+    assert ddp.measurements == [] and lines[-1] == "ddp/ab: neither door chosen (--only); skipped"

@@ -193,6 +193,9 @@ def run(context: Context) -> CaseResult:
 
 def _run_part(context: Context, runner: Runner, part: Part, result: CaseResult) -> None:
     plan = groups(context, part)
+    if all(set(chosen) <= {"raw"} for _, chosen in plan):
+        context.log(f"ab/{part.model}: no variant of this table chosen (--only); skipped")
+        return
     sizing = plan_for(context, len(plan), part)
     python = context.peers_python if part.with_peers and context.peers_python else context.python
     context.log(

@@ -82,6 +82,9 @@ def run_ab(context: Context, result: CaseResult, base_config: dict[str, Any]) ->
     sizing = sizing_for(context)
     chosen = {"raw": {"script": "raw"}}
     chosen.update({n: s for n, s in DOORS.items() if context.only is None or n in context.only})
+    if len(chosen) == 1:
+        context.log("ddp/ab: neither door chosen (--only); skipped")
+        return
     context.log(
         f"ddp/ab: {len(context.sources)} tree(s), {sizing.min_launches}–{sizing.max_launches} launch(es) each "
         f"× {sizing.rounds} rounds of {sizing.block_steps}-step blocks"
