@@ -89,21 +89,22 @@ TINY = Part(
 )
 # Wide MLP (compute-bound; target ≤ 1.005× raw for both doors): raw and the two doors only (the peers
 # keep their fresh-process row in the step-time case). A step is ~29 ms of CPU time on one thread
-# (~30 µs of it a door's Python, ~0.1 %), a round of 3 variants × 4-step blocks ~0.35 s, a process
-# of 24 rounds (4 cycles of the 6-row Williams design for 3 variants) ~12 s with start-up. 3
-# processes (72 rounds) give a half-width of 2.2·σ/√72 ≈ 0.26·σ: ±0.25 % when the per-block
-# spread σ is ≤ 1 % (the arithmetic in the README). More processes are added, up to 6 or 60 s,
-# until both doors are known within ±0.3 %; a ratio near 1.001 is then met, with room.
+# (~20–40 µs of it a door's Python, ~0.1 %). The tiny MLP's idle runs show a per-block spread of
+# 1–9 % on 35 ms blocks, i.e. ~1–2 ms of interruptions per block, which shrinks relative to a longer
+# block: 8-step blocks (~0.23 s) put it near 0.75 %. A round of 3 variants is ~0.7 s, a process of 18
+# rounds (3 cycles of the 6-row Williams design for 3 variants) ~16 s with start-up. 3 processes
+# (54 rounds) give a half-width of 2.2·σ/√54 ≈ 0.3·σ: ±0.22 % at σ = 0.75 %, ±0.45 % at σ = 1.5 %.
+# More processes are added, up to 6 or 75 s, until both doors are known within ±0.3 %.
 WIDE_PART = Part(
     model="wide",
     title="wide MLP 256→2048→2048→1",
     settings=WIDE_MODEL,
-    block_steps=4,
+    block_steps=8,
     warmup_steps=3,
-    rounds=24,
+    rounds=18,
     min_processes=3,
     max_processes=6,
-    budget_s=60.0,
+    budget_s=75.0,
     half_width=0.003,
     warn_width=0.005,
     limits={"drivetrain_trainer": 1.005, "drivetrain_accelerator": 1.005},
