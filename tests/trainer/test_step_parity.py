@@ -210,3 +210,20 @@ def test_batch_end_loss_is_lightnings_under_accumulation(
         torch.testing.assert_close(seen, theirs[case], msg=case)
         assert seen["callback"] == seen["module"]
         assert seen["callback"] == pytest.approx([loss / accumulate for loss in seen["returned"]], rel=1e-6)
+
+
+def test_batch_end_loss_follows_an_accumulation_schedule() -> None:
+    """The loss handed to the batch-end hook is the one backward got, also after the factor changes."""
+    from drivetrain.trainer.callbacks import GradientAccumulationScheduler
+
+    module, callback = Returning("dict"), Outputs()
+    quiet_trainer(
+        max_epochs=3,
+        limit_train_batches=4,
+        callbacks=[callback, GradientAccumulationScheduler(scheduling={0: 2, 1: 1, 2: 4})],
+    ).fit(module, loader(batch_size=8))
+    factors = [2] * 4 + [1] * 4 + [4] * 4
+    assert len(callback.seen) == len(module.losses) == len(factors)
+    for outputs, loss, factor in zip(callback.seen, module.losses, factors):
+        torch.testing.assert_close(outputs["loss"], loss / factor)
+        assert not outputs["loss"].requires_grad and outputs["batch_size"] == 8

@@ -127,8 +127,7 @@ class Optimization:
         self.clip_value = settings.gradient_clip_val
         self.clip_algorithm = settings.gradient_clip_algorithm
         # Like unused hooks, steps this run does not need are None: one attribute read per step.
-        accumulating = self.accumulation.num_steps != 1
-        self._scale_loss = self.accumulation.scale_loss if accumulating else None
+        self._set_loss_scaling(self.accumulation.num_steps)
         hooks = module_hooks(module, strategy)
         self._clip_hook = hooks.get("configure_gradient_clipping")
         self._zero_grad_hook = hooks.get("optimizer_zero_grad")
@@ -221,7 +220,22 @@ class Optimization:
                     f"loss through a closure, which cannot be combined with accumulation. Keep it at 1."
                 )
         accumulation.num_steps = steps
-        self._scale_loss = accumulation.scale_loss if steps != 1 else None
+        self._set_loss_scaling(steps)
+
+    def _set_loss_scaling(self, steps: int) -> None:
+        """Divide the loss by ``steps`` for backward (nothing at 1); with a batch-end hook, also keep
+        the divided loss for its ``outputs`` (Lightning's value), so the hook costs no second division."""
+        if steps == 1:
+            self._scale_loss: Callable[[Tensor], Tensor] | None = None
+        elif self.hooks.on_train_batch_end is not None:
+            self._scale_loss = self._scale_and_keep
+        else:
+            self._scale_loss = self.accumulation.scale_loss
+
+    def _scale_and_keep(self, loss: Tensor) -> Tensor:
+        scaled = self.accumulation.scale_loss(loss)
+        self._scaled_loss = scaled.detach()
+        return scaled
 
     def start_epoch(self, batches_done: int) -> None:
         """Accumulation windows restart with each epoch (``batches_done`` > 0 when one is resumed)."""
@@ -270,25 +284,22 @@ class Optimization:
         """What ``on_train_batch_end`` gets for ``training_step``'s ``output``, as in Lightning.
 
         Automatic optimisation: ``{"loss": loss}`` (a dict's other entries after it), the loss
-        detached and divided by ``accumulate_grad_batches`` as it was for the backward pass;
-        ``{}`` when the step was skipped. Manual: a tensor becomes ``{"loss": tensor.detach()}``,
-        a dict is copied with its loss detached, None becomes ``{}``. Built only for a batch-end hook.
+        detached and divided by ``accumulate_grad_batches``: the very value the backward pass got
+        (kept by :meth:`_scale_and_keep`); ``{}`` when the step was skipped. Manual: a tensor becomes
+        ``{"loss": tensor.detach()}``, a dict is copied with its loss detached, None becomes ``{}``.
+        Built only for a batch-end hook.
         """
         if output is None:
             return {}
+        scaled = self._scale_loss is not None and not self.manual
         if isinstance(output, Tensor):
-            loss = output
-            if not self.manual and self._scale_loss is not None:
-                loss = self._scale_loss(loss)
-            return {"loss": loss.detach()}
+            return {"loss": self._scaled_loss if scaled else output.detach()}
         if not isinstance(output, Mapping):
             return output
         outputs = dict(output)
         loss = outputs.pop("loss", None)
         if isinstance(loss, Tensor):
-            if not self.manual and self._scale_loss is not None:
-                loss = self._scale_loss(loss)
-            loss = loss.detach()
+            loss = self._scaled_loss if scaled else loss.detach()
         return {"loss": loss, **outputs} if "loss" in output else outputs
 
     def _before_optimizer_step(self, optimizer: Optimizer) -> None:
