@@ -110,6 +110,15 @@ def test_manual_optimisation_batch_end_outputs(kind: str) -> None:
         assert isinstance(outputs["loss"], torch.Tensor) and not outputs["loss"].requires_grad
 
 
+def test_manual_optimisation_refuses_other_step_outputs() -> None:
+    class Listing(Manual):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return [super().training_step(batch, batch_idx)]
+
+    with pytest.raises(TypeError, match=r"training_step returned list\. With automatic_optimization = False"):
+        quiet_trainer(max_epochs=1, limit_train_batches=2).fit(Listing("tensor"), loader())
+
+
 class Gradients(Callback):
     """Copies the first layer's gradient after every batch (None when there is none)."""
 

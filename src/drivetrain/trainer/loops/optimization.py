@@ -390,7 +390,13 @@ class Optimization:
 
     # -- manual optimisation -----------------------------------------------------------------
     def _manual_step(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
-        return self.training_step(batch, batch_idx)
+        output = self.training_step(batch, batch_idx)
+        if output is None or isinstance(output, (Tensor, Mapping)):
+            return output
+        raise TypeError(
+            f"training_step returned {type(output).__name__}. With automatic_optimization = False it may return "
+            f"a tensor (the loss, for logging and batch-end hooks), a dict, or nothing."
+        )
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         hooks = self.hooks
