@@ -94,7 +94,7 @@ TINY = Part(
 # block: 8-step blocks (~0.23 s) put it near 0.75 %. A round of 3 variants is ~0.7 s, a process of 18
 # rounds (3 cycles of the 6-row Williams design for 3 variants) ~16 s with start-up. 3 processes
 # (54 rounds) give a half-width of 2.2·σ/√54 ≈ 0.3·σ: ±0.22 % at σ = 0.75 %, ±0.45 % at σ = 1.5 %.
-# More processes are added, up to 6 or 75 s, until both doors are known within ±0.3 %.
+# More processes are added, up to 5 or 60 s, until both doors are known within ±0.3 %.
 WIDE_PART = Part(
     model="wide",
     title="wide MLP 256→2048→2048→1",
@@ -103,8 +103,8 @@ WIDE_PART = Part(
     warmup_steps=3,
     rounds=18,
     min_processes=3,
-    max_processes=6,
-    budget_s=75.0,
+    max_processes=5,
+    budget_s=60.0,
     half_width=0.003,
     warn_width=0.005,
     limits={"drivetrain_trainer": 1.005, "drivetrain_accelerator": 1.005},

@@ -36,12 +36,13 @@ FIRST_STEP_LIMIT_S = 0.1
 # time varies by ~100 ms (the idle runs of 2026-11-27: paired differences to raw with σ of
 # 120–180 ms, bytecode compilation included), mostly two `import torch` in sequence. The half-width
 # of n paired rounds is about 2.2·σ/√n with the small-sample expansion on top (×1.3 at n = 8):
-# ±30 ms at σ = 100 ms would take ~60 rounds, 14 minutes for this part alone. So raw and the two
+# ±30 ms at σ = 100 ms would take ~60 rounds, 17 minutes for this part alone. So raw and the two
 # doors run at least MIN_ROUNDS rounds, then more until both doors' differences are known within
-# ±FIRST_STEP_HALF_WIDTH or MAX_ROUNDS rounds are done (~14 s a round): about ±100 ms at σ = 100 ms,
-# ±30 ms only where the machine's launches vary by ~30 ms. The peers have no target: PEER_ROUNDS.
-MIN_ROUNDS = 6
-MAX_ROUNDS = 8
+# ±FIRST_STEP_HALF_WIDTH or MAX_ROUNDS rounds are done (~17 s a round on the idle AMD machine):
+# about ±110 ms at σ = 100 ms, ±30 ms only where the machine's launches vary by ~25 ms. The peers
+# have no target: PEER_ROUNDS. (The suite's 10–11 minutes leave ~2 minutes for this part.)
+MIN_ROUNDS = 5
+MAX_ROUNDS = 7
 PEER_ROUNDS = 2
 FIRST_STEP_HALF_WIDTH = 0.03
 TARGETED = ("raw_torchrun", "drivetrain_trainer", "drivetrain_accelerator")

@@ -53,7 +53,7 @@ class Sizing:
 # 20 steps ~0.11 s, a round of the 3 variants ~0.35 s, a launch of 36 rounds (6 cycles of the
 # 6-row Williams design for 3 variants) ~13 s plus ~5 s of start-up and warm-up. Three launches
 # (108 rounds) give a half-width of about 2.2·σ/√108 ≈ 0.21·σ: ±0.5 % when the per-block spread
-# σ of the log ratio is ≤ 2.4 %; more launches, up to 5 or 90 s per tree, until both doors are
+# σ of the log ratio is ≤ 2.4 %; more launches, up to 4 or 75 s per tree, until both doors are
 # known within ±0.5 % (the limit is 2 %; the doors' own Python is ~20–40 µs of a 5.5 ms step).
 FULL = Sizing(
     rounds=36,
