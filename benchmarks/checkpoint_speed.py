@@ -11,6 +11,8 @@ its 95 % bootstrap interval over the paired rounds (:mod:`benchmarks.intervals`)
 * **asynchronous save stall**: how long ``write_checkpoint`` holds the training loop with
   ``AsyncCheckpointIO`` (the CPU snapshot of the tensors, into the staging memory the previous
   save used, as in a run that saves repeatedly), as a share of the synchronous save (target <= 5 %);
+* **the stall's floor**: ``Tensor.copy_`` of the same state into memory allocated beforehand, which
+  any snapshot taken before ``write_checkpoint`` returns must do (stall / copy, copy / sync save);
 * **load**: drivetrain's ``read_checkpoint`` (safe loading, restoring the objects in place)
   against ``torch.load(weights_only=True)`` + ``load_state_dict``;
 * **2-rank sharded save/load** (FSDP2 over gloo, two forked CPU processes): ``strategy.save_state``
@@ -77,11 +79,14 @@ def _step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def state_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-    tensors = list(model.state_dict().values()) + [
+def _state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return list(model.state_dict().values()) + [
         v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
     ]
-    return sum(t.numel() * t.element_size() for t in tensors) / MiB
+
+
+def state_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    return sum(t.numel() * t.element_size() for t in _state_tensors(model, optimizer)) / MiB
 
 
 def timed(function: Callable[[], Any]) -> float:
@@ -142,7 +147,15 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
         model.load_state_dict(loaded["state_dict"])
         optimizer.load_state_dict(loaded["optimizer_0"])
 
-    names = ("save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall")
+    # The floor of any stall that snapshots before returning: the state copied into memory already mapped.
+    live = _state_tensors(model, optimizer)
+    spare = [torch.empty_like(tensor) for tensor in live]
+
+    def copy_state() -> None:
+        for target, tensor in zip(spare, live, strict=True):
+            target.copy_(tensor)
+
+    names = ("save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall", "copy")
     times: dict[str, list[float]] = {k: [] for k in names}
     for round_ in range(rounds + 1):  # round 0 warms caches and is dropped
         pairs = [("save", drivetrain_save), ("torch_save", torch_save)]
@@ -154,6 +167,7 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
             loads.reverse()
         measured = {name: timed(function) for name, function in pairs + loads}
         if async_stall:
+            measured["copy"] = timed(copy_state)
             measured["stall"] = timed(
                 lambda: write_checkpoint(
                     async_strategy, ours, checkpoint_entries(async_strategy, objects, door="trainer")
@@ -355,6 +369,23 @@ def measurements(
                 0.05,
             )
         )
+    if times.get("copy"):
+        found += [
+            ratio(
+                f"{where}/stall_vs_copy",
+                f"{where}: asynchronous save, loop stall / copy_ of the state into allocated memory",
+                times["stall"],
+                times["copy"],
+                "× copy_",
+            ),
+            ratio(
+                f"{where}/copy_vs_save",
+                f"{where}: copy_ of the state into allocated memory / synchronous save (the stall's floor)",
+                times["copy"],
+                times["save"],
+                "× sync save",
+            ),
+        ]
     if sharded_times is not None:
         found += [
             ratio(
@@ -481,12 +512,14 @@ def report(args: argparse.Namespace, command: str, results: dict[str, Any], befo
         "",
         "Median seconds per operation:",
         "",
-        "| where | drivetrain save | torch.save | torch.save + fsync | drivetrain load | torch.load | async stall |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| where | drivetrain save | torch.save | torch.save + fsync | drivetrain load | torch.load | async stall | copy_ of the state |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for where, (one, _) in results.items():
         lines.append(
-            median_row(where, one, ["save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall"])
+            median_row(
+                where, one, ["save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall", "copy"]
+            )
         )
     lines += [
         "",
