@@ -67,8 +67,8 @@ def test_a_better_second_validation_gets_a_version_and_both_hold_their_weights(t
         "epoch=1.ckpt",
     ]
     for path, score in checkpoint.best_k_models.items():
-        assert_same_weights(_saved_weights(path), model.weights_at[score])
-    assert (checkpoint.best_model_path, checkpoint.best_model_score) == (
+        assert_same_weights(_saved_weights(path), model.weights_at[float(score)])
+    assert (checkpoint.best_model_path, float(checkpoint.best_model_score)) == (  # type: ignore[arg-type]
         str(tmp_path / "epoch=1-v1.ckpt"),
         0.5,
     )
@@ -87,7 +87,7 @@ def test_without_the_version_counter_a_name_is_reused(tmp_path: Path) -> None:
     )
     model = _fit(tmp_path, checkpoint, [2.0, 1.0])
     assert sorted(os.listdir(tmp_path)) == ["epoch=0.ckpt"]
-    assert checkpoint.best_k_models == {
+    assert {path: float(score) for path, score in checkpoint.best_k_models.items()} == {
         str(tmp_path / "epoch=0.ckpt"): 1.0
     }  # the score of what the file holds
     assert_same_weights(_saved_weights(checkpoint.best_model_path), model.weights_at[1.0])
@@ -269,3 +269,24 @@ def test_early_stopping_resumes_from_the_last_checkpoint_of_an_epoch_end_validat
     stopping, trainer = run(2, ckpt_path="last")
     assert trainer.fit_progress.validations_run == 4 and trainer.current_epoch == 2
     assert stopping.best_score == 1.0 and stopping.wait_count == 0
+
+
+def test_scores_are_tensors_as_in_lightning_also_after_a_resume(tmp_path: Path) -> None:
+    # Ported Lightning scripts read `checkpoint_callback.best_model_score.item()` and
+    # `early_stopping.best_score.item()`: the scores are 0-d tensors there, and were floats here.
+    def run(max_epochs: int, **fit: Any) -> tuple[ModelCheckpoint, EarlyStopping]:
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="score", save_top_k=2, save_last=True)
+        stopping = EarlyStopping(monitor="score", patience=5)
+        trainer = quiet_trainer(
+            callbacks=[checkpoint, stopping], enable_checkpointing=True, max_epochs=max_epochs
+        )
+        trainer.fit(Scripted([3.0, 1.5, 2.0]), loader(), loader(batch_size=64), **fit)
+        return checkpoint, stopping
+
+    for (checkpoint, stopping), kept in ((run(2), [1.5, 3.0]), (run(3, ckpt_path="last"), [1.5, 2.0])):
+        scores = [checkpoint.best_model_score, *checkpoint.best_k_models.values(), stopping.best_score]
+        assert all(isinstance(score, torch.Tensor) and score.dim() == 0 for score in scores)
+        assert checkpoint.best_model_score.item() == 1.5  # type: ignore[union-attr]
+        assert stopping.best_score.item() == 1.5
+        assert sorted(score.item() for score in checkpoint.best_k_models.values()) == kept
+        assert f"{checkpoint.best_model_score:.2f}" == "1.50"

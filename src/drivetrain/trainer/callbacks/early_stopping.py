@@ -13,6 +13,9 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
+
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 
@@ -74,7 +77,8 @@ class EarlyStopping(Callback):
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.wait_count = 0
         self.stopped_epoch = 0
-        self.best_score = math.inf if mode == "min" else -math.inf
+        # A 0-d tensor, as in Lightning (``best_score.item()`` in ported scripts).
+        self.best_score: Tensor = _tensor(math.inf if mode == "min" else -math.inf)
         self.stopping_reason = ""
         self._validated = False
 
@@ -145,7 +149,10 @@ class EarlyStopping(Callback):
     def _decide(self, current: float) -> tuple[bool, str]:
         name = self.monitor
         if self.check_finite and not math.isfinite(current):
-            return True, f"{name}={current} is not finite; stopping (best so far {self.best_score:.6g})."
+            return (
+                True,
+                f"{name}={current} is not finite; stopping (best so far {float(self.best_score):.6g}).",
+            )
         threshold = self.stopping_threshold
         if threshold is not None and (current < threshold if self.mode == "min" else current > threshold):
             return (
@@ -159,16 +166,16 @@ class EarlyStopping(Callback):
                 True,
                 f"{name}={current:.6g} is beyond divergence_threshold={self.divergence_threshold}; stopping.",
             )
-        if self._improved(current, self.best_score):
-            previous = self.best_score
-            self.best_score = current
+        if self._improved(current, float(self.best_score)):
+            previous = float(self.best_score)
+            self.best_score = _tensor(current)
             self.wait_count = 0
             return False, f"{name} improved from {previous:.6g} to {current:.6g}."
         self.wait_count += 1
         if self.wait_count >= self.patience:
             return True, (
                 f"{name} did not improve by more than {self.min_delta} in the last {self.wait_count} checks "
-                f"(best {self.best_score:.6g}); stopping."
+                f"(best {float(self.best_score):.6g}); stopping."
             )
         return False, ""
 
@@ -185,6 +192,13 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.wait_count = state_dict["wait_count"]
         self.stopped_epoch = state_dict["stopped_epoch"]
-        self.best_score = state_dict["best_score"]
+        self.best_score = _tensor(state_dict["best_score"])
         self.patience = state_dict.get("patience", self.patience)
         self._validated = state_dict.get("validated", False)
+
+
+def _tensor(value: float | Tensor) -> Tensor:
+    """A score as Lightning keeps it: a 0-d tensor (float64 here, so no float32 rounding of a Python float)."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    return torch.tensor(float(value), dtype=torch.float64)

@@ -30,6 +30,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
+
 from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
@@ -163,9 +166,10 @@ class ModelCheckpoint(Callback):
         self.enable_version_counter = enable_version_counter
         self.save_on_exception = save_on_exception
         self._last_time_checked: float | None = None
-        self.best_k_models: dict[str, float] = {}
+        # Scores are 0-d tensors, as in Lightning (``best_model_score.item()`` in ported scripts).
+        self.best_k_models: dict[str, Tensor] = {}
         self.kth_best_model_path = ""
-        self.best_model_score: float | None = None
+        self.best_model_score: Tensor | None = None
         self.best_model_path = ""
         self.last_model_path = ""
         self._recent: list[str] = []
@@ -308,7 +312,7 @@ class ModelCheckpoint(Callback):
                 displaced = self._recent[0]
         elif k != -1 and len(self.best_k_models) >= k:
             worst = self.kth_best_model_path
-            if not self._better(current, self.best_k_models[worst]):  # type: ignore[arg-type]
+            if not self._better(current, float(self.best_k_models[worst])):  # type: ignore[arg-type]
                 return None, None
             displaced = worst
         return self._free_name(metrics, reusable=displaced), displaced
@@ -369,7 +373,7 @@ class ModelCheckpoint(Callback):
         # The ranking the new checkpoint records includes itself; it takes effect only if the write
         # succeeds, and the displaced file is deleted only after it (see _prune).
         previous = self._ranking()
-        self.best_k_models[filepath] = current
+        self.best_k_models[filepath] = _score(current)
         if displaced is not None and displaced != filepath:
             del self.best_k_models[displaced]
             self._pending_removals.append(displaced)
@@ -402,8 +406,8 @@ class ModelCheckpoint(Callback):
     def _rank(self) -> None:
         scores = self.best_k_models
         pick_worst = max if self.mode == "min" else min
-        self.kth_best_model_path = pick_worst(scores, key=scores.__getitem__)
-        best = (min if self.mode == "min" else max)(scores, key=scores.__getitem__)
+        self.kth_best_model_path = pick_worst(scores, key=lambda path: float(scores[path]))
+        best = (min if self.mode == "min" else max)(scores, key=lambda path: float(scores[path]))
         self.best_model_path, self.best_model_score = best, scores[best]
 
     def _ranking(self) -> dict[str, Any]:
@@ -540,12 +544,15 @@ class ModelCheckpoint(Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best_model_score = state_dict.get("best_model_score")
+        score = state_dict.get("best_model_score")
+        self.best_model_score = None if score is None else _score(score)
         self.best_model_path = state_dict.get("best_model_path", "")
         self.last_model_path = state_dict.get("last_model_path", "")
         if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
             # Rankings only carry over when the files are in the same place.
-            self.best_k_models = dict(state_dict.get("best_k_models", {}))
+            self.best_k_models = {
+                path: _score(value) for path, value in state_dict.get("best_k_models", {}).items()
+            }
             self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
             self._recent = list(state_dict.get("recent", []))
             self._pending_removals = list(state_dict.get("pending_removals", []))
@@ -557,6 +564,13 @@ _ONE_PROCESS_ONLY = (
     "elsewhere in the loop, so no complete checkpoint can be written at that moment. Save periodically instead "
     "(ModelCheckpoint(every_n_train_steps=...) or train_time_interval=...), or run in one process."
 )
+
+
+def _score(value: float | Tensor) -> Tensor:
+    """A score as Lightning keeps it: a 0-d tensor (float64 here, so no float32 rounding of a Python float)."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _default_dirpath(trainer: Trainer) -> str:
