@@ -165,6 +165,39 @@ def test_default_checkpoint_goes_to_the_logger_version_folder(tmp_path: Path) ->
     assert_same_weights(weights(restored), weights(trainer.training_module))
 
 
+class _StartingStep(Callback):
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.step = trainer.global_step
+
+
+def test_last_under_a_new_logger_version_names_the_earlier_runs_checkpoint(tmp_path: Path) -> None:
+    # The guide resumed with a second Trainer and ckpt_path="last": that Trainer writes to version_1,
+    # finds nothing there, and trained from scratch (to the same epoch count, so nothing showed it).
+    def fit(max_epochs: int, ckpt_path: str | None = None) -> tuple[dt.Trainer, int]:
+        starting = _StartingStep()
+        trainer = quiet_trainer(
+            max_epochs=max_epochs,
+            default_root_dir=tmp_path,
+            logger="csv",
+            enable_checkpointing=True,
+            callbacks=[starting],
+        )
+        trainer.fit(Regression(), loader(), ckpt_path=ckpt_path)
+        return trainer, starting.step
+
+    fit(2)
+    earlier = str(tmp_path / "drivetrain_logs" / "version_0" / "checkpoints" / "epoch=1-step=16.ckpt")
+    with pytest.warns(UserWarning) as caught:
+        fresh, started_at_step = fit(3, "last")
+    message = next(str(w.message) for w in caught if "ckpt_path='last'" in str(w.message))
+    assert "version_1/checkpoints') yet; training starts from scratch" in message
+    assert f"the newest one is '{earlier}'. Pass ckpt_path='{earlier}' to continue that run" in message
+    assert fresh.ckpt_path is None and started_at_step == 0
+
+    resumed, started_at_step = fit(3, earlier)
+    assert resumed.ckpt_path == earlier and started_at_step == 16 and resumed.global_step == 24
+
+
 def test_load_from_checkpoint_uses_saved_hyperparameters_and_overrides(tmp_path: Path) -> None:
     model = Regression(features=4, lr=0.3)
     trainer = quiet_trainer(max_steps=2)

@@ -201,7 +201,8 @@ def test_checkpoint_paths(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"ckpt_path='.*missing.ckpt' does not exist"):
         quiet_trainer().fit(Regression(), loader(), ckpt_path=tmp_path / "missing.ckpt")
     with pytest.warns(
-        UserWarning, match=r"ckpt_path='last' was given but no checkpoint callback has a checkpoint"
+        UserWarning,
+        match=r"ckpt_path='last' was given but there is no ModelCheckpoint callback \(checkpointing is off\)",
     ):
         quiet_trainer(max_steps=1).fit(Regression(), loader(), ckpt_path="last")
     weights_only = tmp_path / "weights.ckpt"

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
 from drivetrain.plugins.io.atomic import resolve
 from drivetrain.strategies.checkpointing import (
@@ -80,12 +81,44 @@ def _find_checkpoint(trainer: Trainer, fn: TrainerFn, request: str) -> str | Non
         import warnings
 
         what = "training starts from scratch" if fn == TrainerFn.FITTING else "the current weights are used"
-        warnings.warn(
-            f"ckpt_path='last' was given but no checkpoint callback has a checkpoint in its folder yet; {what}.",
-            UserWarning,
-            stacklevel=6,
-        )
+        folders = ", ".join(f"'{cb.dirpath}'" for cb in checkpoints if cb.dirpath)
+        if folders:
+            message = f"ckpt_path='last' was given but there is no checkpoint in the checkpoint folder ({folders}) yet; {what}."
+        else:
+            message = (
+                f"ckpt_path='last' was given but there is no ModelCheckpoint callback (checkpointing is off) to find "
+                f"a checkpoint for; {what}. Pass the checkpoint's path instead."
+            )
+        earlier = _earlier_run(checkpoints)
+        if earlier is not None:
+            message += (
+                f" Under a logger each Trainer writes to a new version folder, so 'last' does not see an earlier run's "
+                f"checkpoints; the newest one is '{earlier}'. Pass ckpt_path='{earlier}' to continue that run, or give "
+                f"ModelCheckpoint(dirpath=...) a fixed folder so that 'last' finds the previous run's checkpoints."
+            )
+        warnings.warn(message, UserWarning, stacklevel=6)
     return last
+
+
+def _earlier_run(checkpoints: list[Any]) -> str | None:
+    """The newest checkpoint in a sibling ``version_*/checkpoints`` folder of a callback's (logger-derived) folder."""
+    found: list[str] = []
+    for callback in checkpoints:
+        folder = callback.dirpath
+        if (
+            not folder
+            or paths.name(folder) != "checkpoints"
+            or not paths.name(paths.parent(folder)).startswith("version_")
+        ):
+            continue
+        runs = paths.parent(paths.parent(folder))
+        for version in paths.listdir(runs) if paths.isdir(runs) else []:
+            candidate = paths.join(runs, version, "checkpoints")
+            if version.startswith("version_") and candidate != folder:
+                newest = callback.find_last(candidate)
+                if newest is not None:
+                    found.append(newest)
+    return max(found, key=paths.modified) if found else None
 
 
 def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:

@@ -487,34 +487,33 @@ class ModelCheckpoint(Callback):
             name = f"{name}{self.CHECKPOINT_JOIN_CHAR}v{ver}"
         return paths.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
-    def find_last(self) -> str | None:
-        """The newest complete checkpoint in :attr:`dirpath`: the newest ``last`` (``last.ckpt``, ``last-v1.ckpt`` …),
-        else the newest other one.
+    def find_last(self, dirpath: str | None = None) -> str | None:
+        """The newest complete checkpoint in :attr:`dirpath` (or ``dirpath``): the newest ``last`` (``last.ckpt``,
+        ``last-v1.ckpt`` …), else the newest other one.
 
         A checkpoint a crash left incomplete or damaged is passed over (with a warning), so a resumed
         run starts from the newest one that is whole; ``None`` when there is none.
         """
         from drivetrain.plugins.io.atomic import is_complete, is_temporary, resolve
 
-        if self.dirpath is None or not paths.isdir(self.dirpath):
+        folder = dirpath if dirpath is not None else self.dirpath
+        if folder is None or not paths.isdir(folder):
             return None
         last_name = re.compile(
             rf"{re.escape(self.CHECKPOINT_NAME_LAST)}({re.escape(self.CHECKPOINT_JOIN_CHAR)}v\d+)?"
             rf"{re.escape(self.FILE_EXTENSION)}"
         )
-        names = [
-            n for n in paths.listdir(self.dirpath) if n.endswith(self.FILE_EXTENSION) and not is_temporary(n)
-        ]
+        names = [n for n in paths.listdir(folder) if n.endswith(self.FILE_EXTENSION) and not is_temporary(n)]
         lasts = [
             os.fspath(found)
             for n in names
-            if last_name.fullmatch(n) and (found := resolve(paths.join(self.dirpath, n))) is not None
+            if last_name.fullmatch(n) and (found := resolve(paths.join(folder, n))) is not None
         ]
         if not lasts:  # a crash may have left only the half-replaced form of last.ckpt
-            found = resolve(paths.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
+            found = resolve(paths.join(folder, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
             lasts = [os.fspath(found)] if found is not None else []
         candidates = sorted(lasts, key=_modified, reverse=True)
-        others = [paths.join(self.dirpath, n) for n in names if not last_name.fullmatch(n)]
+        others = [paths.join(folder, n) for n in names if not last_name.fullmatch(n)]
         candidates += sorted((p for p in others if p not in candidates), key=_modified, reverse=True)
         for index, candidate in enumerate(candidates):
             if is_complete(candidate):
