@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import drivetrain as dt
+from drivetrain.plugins.io import AsyncCheckpointIO
 from drivetrain.trainer import Callback, ModelCheckpoint
 from trainer.trainer_models import (
     Regression,
@@ -88,6 +89,47 @@ def test_a_crashed_run_resumes_from_last_and_matches(tmp_path: Path) -> None:
     resumed_model, resumed = _run(tmp_path, "crashy", ckpt_path="last")
     assert_same_weights(weights(resumed_model), weights(full_model))
     assert resumed.current_epoch == 3
+
+
+def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(tmp_path: Path) -> None:
+    """AsyncCheckpointIO copies into memory reused from save to save; no save may see another's data."""
+    recorded: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Record(Callback):
+        def on_train_batch_end(self, trainer: dt.Trainer, module: Any, *args: Any) -> None:
+            recorded[trainer.global_step] = weights(module)
+
+    torch.manual_seed(1)
+    model = Recipe()
+    # Every step a step file and last.ckpt: two saves back to back, the second taken while the
+    # first may still be pending, then reused memory for the next step's pair.
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path / "background",
+        every_n_train_steps=1,
+        save_top_k=-1,
+        save_last=True,
+        filename="{step}",
+    )
+    trainer = quiet_trainer(
+        max_epochs=3,
+        callbacks=[Record(), checkpoint],
+        enable_checkpointing=True,
+        plugins=[AsyncCheckpointIO()],
+    )
+    trainer.fit(
+        model, loader(regression_data(60), batch_size=8, shuffle=True), loader(regression_data(16, seed=5))
+    )
+    assert sorted(recorded) == list(range(1, 25))
+    for step, expected in recorded.items():
+        saved = torch.load(tmp_path / "background" / f"step={step}.ckpt", weights_only=False)
+        assert saved["global_step"] == step
+        assert_same_weights(saved["state_dict"], expected)
+    last = torch.load(tmp_path / "background" / "last.ckpt", weights_only=False)
+    assert_same_weights(last["state_dict"], recorded[24])
+    # The optimizer and scheduler state went through the same memory: a synchronous run resumed
+    # from a background checkpoint ends where the background run ended.
+    resumed_model, _ = _run(tmp_path, "resumed", ckpt_path=str(tmp_path / "background" / "step=12.ckpt"))
+    assert_same_weights(weights(resumed_model), weights(model))
 
 
 def test_resuming_from_an_epoch_end_checkpoint(tmp_path: Path) -> None:
