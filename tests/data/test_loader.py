@@ -39,6 +39,67 @@ def test_the_loader_knows_its_last_batch_while_it_is_in_use(strategy: dt.strateg
     assert active.current is None and not loader.end_of_dataloader
 
 
+class _ReadLog(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Map-style data that records which items were read."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.read.append(index)
+        return torch.tensor(index)
+
+
+def test_map_style_batches_are_read_when_used_and_the_end_is_still_known(
+    strategy: dt.strategies.Strategy,
+) -> None:
+    # The batch sampler's length gives the last batch: no batch is read ahead of the one in use
+    # (nothing extra kept alive through each step) until the predicted last one confirms the end.
+    data = _ReadLog(10)
+    loader = prepare_data_loader(DataLoader(data, batch_size=4), strategy)
+    seen = [(batch.tolist(), max(data.read), loader.end_of_dataloader) for batch in loader]
+    assert seen == [([0, 1, 2, 3], 3, False), ([4, 5, 6, 7], 7, False), ([8, 9], 9, True)]
+
+    # Resumed after the first batch: the same, from the next unseen batch on.
+    iterator = iter(loader)
+    next(iterator)
+    saved = loader.state_dict()
+    data.read.clear()
+    resumed = prepare_data_loader(DataLoader(data, batch_size=4), strategy)
+    resumed.load_state_dict(saved)
+    seen = [(batch.tolist(), max(data.read), resumed.end_of_dataloader) for batch in resumed]
+    assert seen == [([4, 5, 6, 7], 7, False), ([8, 9], 9, True)]
+
+
+def test_data_without_a_trustworthy_length_is_read_one_batch_ahead(strategy: dt.strategies.Strategy) -> None:
+    class Stream(IterableDataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.read: list[int] = []
+
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            for index in range(5):
+                self.read.append(index)
+                yield torch.tensor(index)
+
+    class Unsized(Sampler[int]):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(5))
+
+    stream = Stream()
+    loader = prepare_data_loader(DataLoader(stream, batch_size=2), strategy)
+    seen = [(batch.tolist(), max(stream.read), loader.end_of_dataloader) for batch in loader]
+    assert seen == [([0, 1], 3, False), ([2, 3], 4, False), ([4], 4, True)]
+
+    data = _ReadLog(5)
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, sampler=Unsized()), strategy)
+    seen = [(batch.tolist(), max(data.read), loader.end_of_dataloader) for batch in loader]
+    assert seen == [([0, 1], 3, False), ([2, 3], 4, False), ([4], 4, True)]
+
+
 def test_set_seed_decides_the_shuffle_and_epochs_differ(strategy: dt.strategies.Strategy) -> None:
     def orders() -> list[list[list[int]]]:
         dt.seed_everything(7)

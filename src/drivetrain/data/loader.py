@@ -1,10 +1,12 @@
-"""The prepared data loader: one-batch look-ahead, device placement, epochs and a resumable position.
+"""The prepared data loader: the end of the data known in time, device placement, epochs and a resumable position.
 
 :class:`PreparedDataLoader` is a ``torch.utils.data.DataLoader`` (so code that checks for one
 keeps working) that
 
-* fetches one batch ahead, so that while the last batch is in use :attr:`end_of_dataloader` is
-  already true (gradient accumulation syncs there; metrics drop the repeated items there);
+* knows the epoch's last batch while it is in use (:attr:`end_of_dataloader`; gradient
+  accumulation syncs there, metrics drop the repeated items there): map-style data counts its
+  batches (the batch sampler's length) and reads one batch ahead only to confirm the end at the
+  predicted last one; data without a trustworthy length is read one batch ahead throughout;
 * puts each batch on the strategy's device;
 * at the start of each epoch, copies rank 0's generator states to every process (``rng_types``)
   and tells epoch-aware samplers and datasets the epoch;
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from drivetrain.data import rng, seeding
 from drivetrain.strategies.strategy import Strategy
@@ -179,6 +181,18 @@ class PreparedDataLoader(DataLoader):
         position = self._position
         try:
             source = self._source(start_at)
+            # Batches before the one the length says is the last are handed out as they are read:
+            # reading ahead there would only keep a second batch alive through every step, which
+            # costs per-step time (allocator churn, a batch gone cold in the caches by its use).
+            certain = self._batches_known_not_last(start_at)
+            if certain > 0:
+                for batch in itertools.islice(source, certain):
+                    if place is not None:
+                        batch = place(batch)
+                    position.yielded += 1
+                    yield batch
+            # From the predicted last batch on (or throughout, when the length is unknown) one batch is
+            # read ahead, so the true end is known while the last batch is in use.
             try:
                 current = next(source)
             except StopIteration:
@@ -202,6 +216,13 @@ class PreparedDataLoader(DataLoader):
         finally:
             if active is not None:
                 active.remove(self)
+
+    def _batches_known_not_last(self, start_at: int) -> int:
+        """How many of this epoch's next batches are surely not its last (0: read ahead from the start).
+
+        Subclasses whose length counts the batches :meth:`_source` yields exactly say so here.
+        """
+        return 0
 
     def _begin_epoch(self) -> int:
         self.end_of_dataloader = False
@@ -366,6 +387,18 @@ class ShardedDataLoader(PreparedDataLoader):
         for _ in itertools.islice(batches, start_at):
             pass  # iterable data has no indices to skip: read and drop
         return batches
+
+    def _batches_known_not_last(self, start_at: int) -> int:
+        # Map-style data: the batch sampler's length is the epoch's batch count (as for Lightning's
+        # fetcher, which reads ahead only for loaders without one). An iterable dataset's length is
+        # only a hint, so its batches are read ahead.
+        if isinstance(self.dataset, IterableDataset):
+            return 0
+        try:
+            total = len(self._index_batches())
+        except TypeError:  # a sampler without a length
+            return 0
+        return max(0, total - start_at - 1)
 
     def _final_padding(self) -> int:
         batches = self._index_batches()
