@@ -225,6 +225,18 @@ def test_data_mistakes() -> None:
         quiet_trainer().fit(Regression(), loader(), datamodule=dt.DataModule())
     with pytest.raises(TypeError, match=r"fit\(\) got 2 training loaders; it trains on one"):
         quiet_trainer().fit(Regression(), [loader(), loader()])
+    # A Dataset is iterable (through __getitem__): it used to train on one unbatched sample per step.
+    dataset = loader().dataset
+    with pytest.raises(
+        TypeError, match=r"The train dataloader is a TensorDataset, a Dataset rather than a DataLoader"
+    ):
+        quiet_trainer().fit(Regression(), dataset)
+    with pytest.raises(
+        TypeError, match=r"The val dataloader is a TensorDataset.*DataLoader\(dataset, batch_size=32\)\."
+    ):
+        quiet_trainer().fit(Regression(), loader(), dataset)
+    with pytest.raises(TypeError, match=r"The test dataloader is a TensorDataset"):
+        quiet_trainer().test(Regression(), dataset)
 
     class NoValidationStep(Regression):
         validation_step = dt.TrainingModule.validation_step

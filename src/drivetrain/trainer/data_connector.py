@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 from drivetrain.data import PassThroughBatches, PreparedDataLoader, can_prepare, prepare_data_loader
 from drivetrain.data.loader import loader_settings
@@ -187,6 +187,13 @@ class DataConnector:
     def _prepare(self, loader: Any, stage: RunningStage, dataloader_idx: int = 0) -> Any:
         trainer = self.trainer
         strategy = trainer.strategy
+        if isinstance(loader, Dataset) and not isinstance(loader, IterableDataset):
+            # Iterable through __getitem__, it would be read one unbatched sample at a time.
+            raise TypeError(
+                f"The {stage.dataloader_prefix} dataloader is a {type(loader).__name__}, a Dataset rather than a "
+                f"DataLoader: the Trainer would read it one sample at a time, without batching. Wrap it: "
+                f"DataLoader(dataset, batch_size=32{', shuffle=True' if stage == RunningStage.TRAINING else ''})."
+            )
         mover = batch_transfer(trainer._module, strategy, dataloader_idx)
         if trainer._features.overfit_batches and trainer.state.fn == TrainerFn.FITTING:
             loader = in_order(loader, stage)
