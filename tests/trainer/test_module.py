@@ -78,3 +78,23 @@ def test_load_from_checkpoint_needs_a_trainer_checkpoint(tmp_path: Any) -> None:
         ValueError, match=r"has no 'state_dict' entry \(it has 'weights'\); it was not written"
     ):
         Regression.load_from_checkpoint(tmp_path / "other.ckpt")
+
+
+def test_load_from_checkpoint_of_a_folder_names_its_checkpoint_files(tmp_path: Any) -> None:
+    # A plain folder was reported as "a sharded checkpoint (a directory)", pointing the user at consolidation.
+    trainer = quiet_trainer(max_steps=1, default_root_dir=tmp_path, enable_checkpointing=True, logger="csv")
+    trainer.fit(Regression(), loader())
+    folder = tmp_path / "drivetrain_logs" / "version_0" / "checkpoints"
+    with pytest.raises(
+        ValueError,
+        match=r"is a folder, not a checkpoint: .* It holds epoch=0-step=1\.ckpt: pass one of them\.",
+    ):
+        Regression.load_from_checkpoint(folder)
+    with pytest.raises(
+        ValueError, match=r"is a folder, not a checkpoint: load_from_checkpoint reads a checkpoint file"
+    ):
+        Regression.load_from_checkpoint(tmp_path)
+    with pytest.raises(
+        FileNotFoundError, match=r"ckpt_path='lastest' does not exist .*Did you mean ckpt_path='last'\?"
+    ):
+        quiet_trainer(max_steps=1).fit(Regression(), loader(), ckpt_path="lastest")

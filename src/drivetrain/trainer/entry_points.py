@@ -60,7 +60,14 @@ def check_ckpt_request(fn: TrainerFn, ckpt_path: str | Path | None, weights_only
         ckpt_path = os.fspath(ckpt_path)
         if checkpointing.published(ckpt_path) is None:
             shown = ckpt_path if paths.is_remote(ckpt_path) else Path(ckpt_path).resolve()
-            raise FileNotFoundError(f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').")
+            import difflib
+
+            close = difflib.get_close_matches(ckpt_path, ["last", "best", "hpc"], n=1, cutoff=0.5)
+            hint = f" Did you mean ckpt_path='{close[0]}'?" if close and os.sep not in ckpt_path else ""
+            raise FileNotFoundError(
+                f"ckpt_path='{ckpt_path}' does not exist (resolved to '{shown}').{hint} Pass a checkpoint file, or "
+                f"'last' (the newest checkpoint in the ModelCheckpoint folder), 'best' (validate/test/predict) or 'hpc'."
+            )
     if ckpt_path == "best" and fn == TrainerFn.FITTING:
         raise ValueError("fit(ckpt_path='best') is not supported; resume with 'last' or a path.")
     if weights_only is not None and not isinstance(weights_only, bool):

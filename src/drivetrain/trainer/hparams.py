@@ -141,6 +141,17 @@ def load_module_from_checkpoint(
 
     path = paths.normalize(checkpoint_path)
     if paths.isdir(path):
+        from drivetrain.strategies.consolidate import checkpoint_kind
+
+        try:
+            checkpoint_kind(path)
+        except ValueError:  # a folder, but not a sharded checkpoint: perhaps one that holds checkpoint files
+            files = sorted(name for name in paths.listdir(path) if name.endswith(".ckpt"))[:5]
+            held = f" It holds {', '.join(files)}: pass one of them." if files else ""
+            raise ValueError(
+                f"'{path}' is a folder, not a checkpoint: load_from_checkpoint reads a checkpoint file (such as "
+                f"'.../checkpoints/last.ckpt').{held}"
+            ) from None
         raise ValueError(
             f"'{path}' is a sharded checkpoint (a directory). load_from_checkpoint reads single-file checkpoints; "
             f"load it with Trainer.fit(model, ckpt_path=...) under the strategy that wrote it, or consolidate it "
