@@ -22,7 +22,7 @@ def test_launch_runs_two_ranks_with_a_custom_accelerator_chosen_by_name() -> Non
     assert result.returncode == 0, result.stderr
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
     assert lines == [
-        f"rank={r} accelerator=FakeXPUAccelerator strategy=DDPStrategy world=2 sum=2.0 env=TorchElasticEnvironment"
+        f"rank={r} accelerator=FakeXPUAccelerator strategy=DDPStrategy world=2 sum=2.0 env=TorchElasticEnvironment attempt=0"
         for r in (0, 1)
     ]
 
@@ -40,6 +40,24 @@ def test_launch_names_the_failed_rank_and_exits_non_zero() -> None:
     # whichever torchrun saw first, rank 1 is named as the cause (usually with its exit code; stopped
     # by the launcher if torchrun's signal caught it while it was exiting).
     assert "scripts_register_and_run.py failed: rank 1 (pid " in summary, summary
+
+
+@pytest.mark.multiprocess
+def test_launch_restarts_the_ranks_after_a_failure_when_asked() -> None:
+    # One node rendezvouses on the launcher's own store in every round: the restarted ranks meet
+    # again there, in a process group of their own (their keys are the new attempt's).
+    result = run_command(
+        [*DRIVETRAIN, "launch", "--accelerator", "fakexpu", "-n", "2", "--max-restarts", "1", str(SCRIPT)],
+        timeout=120,
+        env=clean_env(FAIL_FIRST_ATTEMPT="1"),
+    )
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    second = [line for line in lines if line.endswith("attempt=1")]
+    assert second == [
+        f"rank={r} accelerator=FakeXPUAccelerator strategy=DDPStrategy world=2 sum=2.0 env=TorchElasticEnvironment attempt=1"
+        for r in (0, 1)
+    ], result.stdout
 
 
 def test_launch_cannot_count_devices_of_an_accelerator_it_does_not_know(
