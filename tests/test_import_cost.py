@@ -110,3 +110,16 @@ def test_a_name_from_a_package_does_not_load_its_siblings(statement: str) -> Non
     loaded = _loaded(statement)
     for heavy in ("drivetrain.strategies.ddp", "drivetrain.trainer.trainer", "drivetrain.facade.accelerator"):
         assert heavy not in loaded, f"{statement} loaded {heavy}"
+
+
+def test_the_launch_command_loads_neither_the_other_commands_nor_yaml() -> None:
+    # `drivetrain launch` starts the ranks only after it has parsed its command line: whatever it
+    # imports first, every rank waits for.
+    loaded = _loaded("from drivetrain.cli.main import build_parser; build_parser('launch')")
+    assert "drivetrain.cli.launch" in loaded
+    others = ("config", "env", "consolidate", "estimate_memory", "plot")
+    assert not [m for m in loaded if m.rsplit(".", 1)[-1] in others], loaded
+    assert "yaml" not in loaded, "the configuration file is read only when there is one"
+    assert {"drivetrain.cli.config", "drivetrain.cli.plot"} <= set(
+        _loaded("from drivetrain.cli.main import build_parser; build_parser()")
+    )

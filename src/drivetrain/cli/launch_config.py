@@ -33,8 +33,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 #: Accelerate keys that change nothing here at these values (what ``accelerate config`` writes
 #: for a plain run); another value is reported, since drivetrain would not honour it.
 NEUTRAL_KEYS: dict[str, tuple[Any, ...]] = {
@@ -72,6 +70,8 @@ class LaunchConfig:
     dynamo_use_dynamic: bool | None = None
 
     def to_yaml(self) -> str:
+        import yaml  # only when a file is written: `drivetrain launch` without one never needs it
+
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
 
@@ -140,6 +140,8 @@ def load(path: Path) -> LaunchConfig:
         FileNotFoundError: ``path`` does not exist.
         ValueError: not a YAML mapping, an unknown key, or a value of the wrong kind.
     """
+    import yaml  # only when there is a file to read (most launches have none)
+
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
