@@ -265,3 +265,25 @@ def test_two_accelerators_keep_separate_state() -> None:
     assert first.gradient_state is not second.gradient_state
     first.set_trigger()
     assert first.check_trigger() and not second.check_trigger()
+
+
+def test_step_calls_with_the_wrong_objects_are_named(tmp_path: Any) -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    net = torch.nn.Linear(4, 1)
+    model, _ = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    loss = model(torch.randn(2, 4)).sum()
+    with pytest.raises(TypeError, match=r"backward\(\) expects the loss tensor, got float \(1\.5\)"):
+        accelerator.backward(1.5)  # type: ignore[arg-type]
+    accelerator.backward(loss)
+    with pytest.raises(TypeError, match=r"clip_grad_norm_\(\) .* got Linear\. Pass model\.parameters\(\)\.$"):
+        accelerator.clip_grad_norm_(model, 1.0)
+    with pytest.raises(
+        TypeError, match=r"clip_grad_value_\(\) .* got int\. Pass model\.parameters\(\) or a list"
+    ):
+        accelerator.clip_grad_value_(5, 1.0)  # type: ignore[arg-type]
+    assert float(accelerator.clip_grad_norm_(model.parameters(), 1.0)) > 0
+    (tmp_path / "state.txt").write_text("not a folder")
+    with pytest.raises(
+        FileExistsError, match=r"state\.txt'\): that is a file, and save_state writes a folder"
+    ):
+        accelerator.save_state(tmp_path / "state.txt")

@@ -359,7 +359,15 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
                     stacklevel=2,
                 )
             loss = state.scale_loss(loss)
-        self._backward(loss, self._backward_module, **kwargs)
+        try:
+            self._backward(loss, self._backward_module, **kwargs)
+        except AttributeError:
+            if isinstance(loss, Tensor):
+                raise
+            raise TypeError(
+                f"accelerator.backward() expects the loss tensor, got {type(loss).__name__} ({loss!r}). Pass the "
+                f"tensor your loss function returned (not loss.item() or a number)."
+            ) from None
 
     def accumulate(self, *models: nn.Module) -> AbstractContextManager[Any]:
         """Context for one batch of gradient accumulation.
@@ -442,7 +450,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         scaler it raises ``RuntimeError`` before the weights are touched (as in the Trainer).
         """
         check_clip_value(max_norm, "max_norm")
-        params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+        params = _parameter_list(parameters, "clip_grad_norm_")
         owner, model = self._optimizer_of(params)
         if owner is not None and model is not None:
             norm = clip_gradients(self.strategy, model, owner.optimizer, max_norm, "norm", norm_type)
@@ -462,7 +470,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     def clip_grad_value_(self, parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
         """Clip every gradient to ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
         check_clip_value(clip_value, "clip_value")
-        params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+        params = _parameter_list(parameters, "clip_grad_value_")
         owner, model = self._optimizer_of(params)
         if owner is not None and model is not None:
             clip_gradients(self.strategy, model, owner.optimizer, clip_value, "value")
@@ -520,3 +528,21 @@ def _run_in_process(
     _set_up(accelerator)
     current.set_current(accelerator)
     return function(*args, **kwargs)
+
+
+def _parameter_list(parameters: Iterable[Tensor] | Tensor, method: str) -> list[Tensor]:
+    """The tensors whose gradients ``method`` clips; a model or a number is a ``TypeError`` that says what to pass."""
+    if isinstance(parameters, Tensor):
+        return [parameters]
+    try:
+        return list(parameters)
+    except TypeError:
+        fix = (
+            "model.parameters()"
+            if isinstance(parameters, nn.Module)
+            else "model.parameters() or a list of tensors"
+        )
+        raise TypeError(
+            f"{method}() clips the gradients of parameters: it takes an iterable of parameters, got "
+            f"{type(parameters).__name__}. Pass {fix}."
+        ) from None

@@ -97,8 +97,13 @@ class Checkpointing(ProcessControl):
         self._refuse_unprepared_optimizers()
         config = self.project_configuration
         automatic = output_dir is None
-        directory = self._next_automatic_dir() if automatic else paths.normalize(output_dir)  # type: ignore[arg-type]
+        directory = self._next_automatic_dir() if automatic else paths.normalize(output_dir, "output_dir")  # type: ignore[arg-type]
         paths.check(directory)
+        if not automatic and paths.isfile(directory):
+            raise FileExistsError(
+                f"save_state(output_dir='{directory}'): that is a file, and save_state writes a folder. Pass a "
+                f"folder's path (it is created if needed)."
+            )
         strategy = self.strategy
         objects = self._training_objects()
         if self._save_state_hooks:
