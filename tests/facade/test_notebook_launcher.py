@@ -57,3 +57,14 @@ def test_a_taken_use_port_is_a_clear_error() -> None:
 def test_use_port_must_be_a_tcp_port(port: object) -> None:
     with pytest.raises(ValueError, match=r"use_port must be a TCP port between 1 and 65535"):
         dt.notebook_launcher(_never_runs, ("x",), num_processes=2, use_port=port)  # type: ignore[arg-type]
+
+
+def test_a_function_name_or_bare_argument_is_refused_before_any_process_starts() -> None:
+    # Both used to start two processes that each failed ("'str' object is not callable", "argument
+    # after * must be an iterable"), reported as a ProcessRaisedException from rank 0.
+    with pytest.raises(TypeError, match=r"needs the training function itself, got str \('train'\)"):
+        dt.notebook_launcher("train", num_processes=2)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"as a tuple, got float \(2\.0\)\. For one argument write args=\(2\.0,\)\."
+    ):
+        dt.notebook_launcher(_never_runs, 2.0, num_processes=2)  # type: ignore[arg-type]

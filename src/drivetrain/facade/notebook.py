@@ -60,6 +60,16 @@ def notebook_launcher(
         ValueError: a bad setting; the first failing process's error (torch's
             ``ProcessRaisedException``/``ProcessExitedException`` naming it).
     """
+    if not callable(function):
+        raise TypeError(
+            f"notebook_launcher(function, ...) needs the training function itself, got {type(function).__name__} "
+            f"({function!r}). Pass the function object: notebook_launcher(train, args=(...,), num_processes=2)."
+        )
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(
+            f"notebook_launcher(args=...) takes the function's arguments as a tuple, got {type(args).__name__} "
+            f"({args!r}). For one argument write args=({args!r},)."
+        )
     asked = [name for name, value in elastic.items() if value not in _NEUTRAL_ELASTIC.get(name, ())]
     if asked:
         raise ValueError(
