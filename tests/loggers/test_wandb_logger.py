@@ -113,3 +113,41 @@ def test_bad_settings_and_a_missing_package_are_explained(
     monkeypatch.setattr(imports, "package_available", lambda name: name != "wandb")
     with pytest.raises(ImportError, match=r"WandbLogger needs the 'wandb' package.*drivetrain\[wandb\]"):
         WandbLogger()
+
+
+_NO_ACCOUNT = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import drivetrain as dt
+from trainer.trainer_models import Regression
+
+x = torch.randn(16, 4)
+trainer = dt.Trainer(accelerator="cpu", max_steps=1, logger="wandb", default_root_dir={root!r},
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Regression(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8))
+"""
+
+
+def test_without_an_account_the_error_says_how_to_log_in_or_log_offline(tmp_path: Path) -> None:
+    # A fresh process (W&B keeps its login state per process), a home without credentials, online mode.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(
+        HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "config"), PYTHONPATH=os.pathsep.join(sys.path)
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_ACCOUNT.format(root=str(tmp_path / "run"))],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert (
+        "run `wandb login` (or set WANDB_API_KEY), or log offline with WandbLogger(offline=True)"
+        in done.stderr
+    )

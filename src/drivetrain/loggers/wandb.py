@@ -175,9 +175,18 @@ class WandbLogger(Logger):
                 if self._offline:
                     settings.setdefault("mode", "offline")
                 settings.setdefault("resume", "allow")
-                self._experiment = wandb.init(
-                    project=self._project, dir=self._save_dir, id=self.version, **settings
-                )
+                try:
+                    self._experiment = wandb.init(
+                        project=self._project, dir=self._save_dir, id=self.version, **settings
+                    )
+                except wandb.errors.UsageError as error:
+                    if "api key" not in str(error).lower():
+                        raise
+                    raise wandb.errors.UsageError(
+                        f"{error} The W&B logger needs an account to log online: run `wandb login` (or set "
+                        f"WANDB_API_KEY), or log offline with WandbLogger(offline=True) or WANDB_MODE=offline "
+                        f"(then `wandb sync` the run folder later)."
+                    ) from None
             if hasattr(self._experiment, "define_metric"):
                 self._experiment.define_metric(STEP_METRIC)
                 self._experiment.define_metric("*", step_metric=STEP_METRIC, step_sync=True)
