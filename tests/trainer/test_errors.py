@@ -315,3 +315,44 @@ def test_logging_a_tensor_of_several_values_is_an_error() -> None:
         ValueError, match=r"self.log\('per_class', value\) got a tensor of shape \(3,\) \(3 elements\)"
     ):
         quiet_trainer(max_steps=1).fit(LogsAVector(), loader())
+
+
+class _Accuracy(nn.Module):
+    """Shaped like a torchmetrics Metric (update, compute, reset; called as metric(preds, target))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits, self.seen = 0, 0
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        self.hits += int((preds == target).sum())
+        self.seen += target.numel()
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(self.hits / max(self.seen, 1))
+
+    def reset(self) -> None:
+        self.hits, self.seen = 0, 0
+
+    def forward(self, preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.update(preds, target)
+        return self.compute()
+
+
+def test_logging_a_metric_object_says_to_log_its_values() -> None:
+    # Lightning's self.log("acc", self.accuracy) idiom: a metric object is not a value to log here.
+    class LogsTheMetric(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.close = _Accuracy()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.close(self(batch[0]).round(), batch[1].round())
+            self.log("close", self.close, on_epoch=True)
+            return loss
+
+    with pytest.raises(
+        TypeError, match=r"got the metric object _Accuracy; drivetrain logs values, not metric objects"
+    ):
+        quiet_trainer(max_steps=1).fit(LogsTheMetric(), loader())

@@ -506,6 +506,13 @@ def _not_scalar(name: str, value: Tensor) -> str:
 
 
 def _bad_value(name: str, value: Any) -> str:
+    if all(callable(getattr(value, method, None)) for method in ("update", "compute", "reset")):
+        # A torchmetrics Metric: Lightning computes and resets it for you; here you log its values.
+        return (
+            f"self.log({name!r}, metric) got the metric object {type(value).__name__}; drivetrain logs values, not "
+            f"metric objects. Log the value of this batch (value = metric(preds, target); self.log({name!r}, value)), "
+            f"or in on_*_epoch_end self.log({name!r}, metric.compute()) followed by metric.reset()."
+        )
     return (
         f"self.log({name!r}, value) got {type(value).__name__} ({value!r}); log a number or a one-element "
         f"tensor. Use self.log_dict for several values."
