@@ -53,6 +53,20 @@ def test_a_failing_child_stops_the_job_and_is_named(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
 
 
+def test_a_child_that_ends_well_before_joining_fails_the_job_at_once(tmp_path: Path) -> None:
+    # Code 0, but rank 1 never reached the process group: rank 0 must not wait for it until the
+    # rendezvous timeout (30 minutes by default). Rank 0 waits in the store, where the watcher's
+    # interruption cannot reach it, so it is ended after the grace period, with the report.
+    result = run_script([str(JOB), "exit-0-on-1-before-setup", str(tmp_path)], timeout=90)
+    assert result.returncode != 0
+    assert re.search(
+        r"\[drivetrain\] rank 1 \(pid \d+\) exited with code 0 before joining the job's process group: "
+        r"every rank must reach the same setup .*, and rank 1 ran `.*ddp_job\.py exit-0-on-1-before-setup",
+        result.stderr,
+    ), result.stderr
+    assert "done rank=" not in result.stdout
+
+
 def test_the_failing_child_is_named_even_when_its_peer_notices_first(tmp_path: Path) -> None:
     # Rank 0's collective breaks as soon as rank 1 closes its connections, seconds before rank 1 has
     # exited: the report must still name rank 1 and its error, not rank 0's broken connection.

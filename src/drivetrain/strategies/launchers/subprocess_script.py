@@ -201,18 +201,34 @@ class SubprocessScriptLauncher(Launcher):
         code = process.wait()
         with self._lock:
             self._ended.append((rank, code))
-        if code == 0 or self._preempted(code):
+        if self._preempted(code):
+            return
+        # A child that ends well after the job's process group formed has finished its work. One
+        # that ends, even with code 0, before ever joining a group (it ran another path of the
+        # script, or the command re-run was not the script) leaves rank 0 waiting for it until
+        # the rendezvous times out: a failure, reported now.
+        joined = getattr(self._strategy, "_groups_formed", 1) > 0
+        if code == 0 and joined:
             return
         with self._lock:
             if self._stopping or self._failure is not None:
                 return
-        # The first child to die may only have lost a peer that is failing more slowly.
-        cause = self._diagnose() or (rank, None)
-        cause_rank, record = cause
+        if code == 0:
+            failure = ProcessFailedError(
+                f"{_describe_exit(rank, process.pid, code)} before joining the job's process group: every rank "
+                f"must reach the same setup (Trainer.fit, Accelerator()), and rank {rank} ran "
+                f"`{' '.join(script_command_of(process))}`",
+                rank=rank,
+                exit_code=code,
+            )
+        else:
+            # The first child to die may only have lost a peer that is failing more slowly.
+            cause_rank, record = self._diagnose() or (rank, None)
+            failure = _failure_error(cause_rank, record, dict(self._children).get(cause_rank))
         with self._lock:
             if self._stopping or self._failure is not None:
                 return
-            self._failure = _failure_error(cause_rank, record, dict(self._children).get(cause_rank))
+            self._failure = failure
         _log.error(f"[drivetrain] {self._failure}; stopping the other ranks.", main_process_only=False)
         self.stop_children()
         # At exit, _at_exit reports the failure itself; while unwinding, launch() reports it.
@@ -330,6 +346,14 @@ def script_command() -> list[str]:
             "'ddp_spawn' with a function to run, or start the job with `drivetrain launch`."
         )
     return [sys.executable, os.path.abspath(script), *sys.argv[1:]]
+
+
+def script_command_of(process: subprocess.Popen[bytes]) -> list[str]:
+    """The command a child runs, as text."""
+    arguments = process.args
+    if isinstance(arguments, (str, bytes, os.PathLike)):
+        return [os.fsdecode(arguments)]
+    return [os.fsdecode(argument) for argument in arguments]
 
 
 def _failure_error(

@@ -1,7 +1,7 @@
 """A 2-process DDP job started by drivetrain's re-run-the-script launcher, with failure modes.
 
 Usage: python ddp_job.py MODE PIDFILE_DIR
-MODE: ok | raise-on-1 | raise-on-1-exiting-slowly | raise-on-0 | sigkill-1-while-0-computes | resetup
+MODE: ok | exit-0-on-1-before-setup | raise-on-1 | raise-on-1-exiting-slowly | raise-on-0 | sigkill-1-while-0-computes | resetup
 """
 
 import atexit
@@ -37,6 +37,8 @@ def resetup() -> None:
 def run() -> None:
     if mode == "resetup":
         return resetup()
+    if mode == "exit-0-on-1-before-setup" and os.environ.get("LOCAL_RANK") == "1":
+        sys.exit(0)  # never joins: rank 0 would wait for it in the rendezvous
     strategy.setup_environment()
     rank = strategy.global_rank
     (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
