@@ -156,7 +156,10 @@ class PreemptionWatch:
             self._received = signum
         if self._store is None:
             self.signum = self.signum or signum
-            self.pending = True
+        # Pending at once, not when the watcher thread runs: under load the thread may not run
+        # before the loop's last steps, and the run would end unstopped. The loop then waits at
+        # its next boundary for the thread's post (see stop_here).
+        self.pending = True
         self._wake.set()
         previous = self._previous.get(signum)
         if callable(previous):
