@@ -299,3 +299,25 @@ def test_module_and_callback_checkpoint_hooks_round_trip(tmp_path: Path) -> None
     trainer.fit(model, loader(), ckpt_path=tmp_path / "step=5.ckpt")
     assert model.loaded == {"answer": 42}
     assert counting.batches == 8  # 5 restored + the 3 batches left of the epoch
+
+
+def test_evaluating_without_a_model_after_fit_says_it_uses_the_current_weights(tmp_path: Path) -> None:
+    # Lightning loads the best checkpoint here; drivetrain runs the current weights, and now says so.
+    trainer = quiet_trainer(max_steps=2, default_root_dir=tmp_path, enable_checkpointing=True)
+    model = Regression()
+    trainer.fit(model, loader())
+    best = trainer.checkpoint_callback.best_model_path
+    with pytest.warns(
+        UserWarning, match=r"Trainer\.test\(\) without a model runs the module's current weights"
+    ) as seen:
+        trainer.test(dataloaders=loader(), verbose=False)
+    assert any(best in str(w.message) and w.filename == __file__ for w in seen)
+    with pytest.warns(UserWarning, match=r"Trainer\.predict\(\) without a model") as seen:
+        trainer.predict(dataloaders=loader())
+    assert any(w.filename == __file__ for w in seen)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.test(model, loader(), verbose=False)  # a model given: its weights, as asked
+        trainer.test(dataloaders=loader(), ckpt_path="best", verbose=False)

@@ -52,6 +52,22 @@ def check_model(trainer: Trainer, fn: TrainerFn, model: Any) -> tuple[TrainingMo
     return module, compiler
 
 
+def warn_current_weights(trainer: Trainer, fn: TrainerFn) -> None:
+    # Called from Trainer._begin: predict() calls it directly, validate()/test() through _evaluate.
+    """Say that ``validate``/``test``/``predict`` without a model run the current weights, where Lightning loads the best."""
+    best = next((cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.best_model_path), None)
+    if best and trainer.is_global_zero:
+        import warnings
+
+        warnings.warn(
+            f"Trainer.{fn.value}() without a model runs the module's current weights (where Lightning would load "
+            f"the best checkpoint of the previous fit, {best}). Pass ckpt_path='best' for the best one, or "
+            f"ckpt_path='last' for the newest.",
+            UserWarning,
+            stacklevel=4 if fn == TrainerFn.PREDICTING else 5,
+        )
+
+
 def check_ckpt_request(fn: TrainerFn, ckpt_path: str | Path | None, weights_only: Any) -> str | None:
     """``ckpt_path`` as the entry point will resolve it: ``"last"``/``"best"``/``"hpc"`` or an existing path."""
     if ckpt_path is not None and ckpt_path not in ("last", "best", "hpc"):

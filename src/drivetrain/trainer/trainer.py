@@ -390,7 +390,7 @@ class Trainer(TrainerProperties):
         weights_only: bool | None,
         **loaders: Any,
     ) -> None:
-        from drivetrain.trainer.entry_points import check_ckpt_request, check_model
+        from drivetrain.trainer.entry_points import check_ckpt_request, check_model, warn_current_weights
 
         self._module, self._compiler = check_model(self, fn, model)
         self._data.attach(datamodule, **loaders)
@@ -398,6 +398,8 @@ class Trainer(TrainerProperties):
             ckpt_path = self._ckpt_path_set
         else:
             self._ckpt_path_set = None  # an explicit argument replaces what was set
+        if model is None and ckpt_path is None and fn != TrainerFn.FITTING:
+            warn_current_weights(self, fn)
         self._ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
         self._ckpt_weights_only = weights_only is not False
         self.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
