@@ -9,8 +9,14 @@ its 95 % bootstrap interval over the paired rounds (:mod:`benchmarks.intervals`)
   generators, temporary file, fsync, verification, atomic rename) against ``torch.save`` of the
   same model and optimizer state dicts into a file (target <= 1.1x);
 * **asynchronous save stall**: how long ``write_checkpoint`` holds the training loop with
-  ``AsyncCheckpointIO`` (the CPU snapshot of the tensors, into the staging memory the previous
-  save used, as in a run that saves repeatedly), as a share of the synchronous save (target <= 5 %);
+  ``AsyncCheckpointIO`` as configured by default (``snapshot="auto"``: a fork on a local Linux path
+  with CPU tensors, so the stall is the fork), as a share of the synchronous save (target <= 5 %);
+  beside it the copy snapshot's stall (``snapshot="copy"``: the tensors copied into the staging
+  memory the previous save used, as in a run that saves repeatedly);
+* **what a fork moves to the next step**: an in-place update of every state tensor (what an
+  optimizer step does) right after a forked save returned, while the child writes, against the
+  same update with no save pending: the kernel copies each page the parent writes first
+  (copy-on-write), so part of what a fork takes out of the stall comes back in the next step;
 * **the stall's floor**: ``Tensor.copy_`` of the same state into memory allocated beforehand, which
   any snapshot taken before ``write_checkpoint`` returns must do (stall / copy, copy / sync save);
 * **load**: drivetrain's ``read_checkpoint`` (safe loading, restoring the objects in place)
@@ -89,6 +95,14 @@ def state_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
     return sum(t.numel() * t.element_size() for t in _state_tensors(model, optimizer)) / MiB
 
 
+def _default_snapshot(where: str) -> str:
+    from drivetrain.plugins.io.forked import platform_supports_fork
+
+    if where == "local" and platform_supports_fork():
+        return "snapshot='auto', a fork here"
+    return "snapshot='auto', a copy here"
+
+
 def timed(function: Callable[[], Any]) -> float:
     start = time.perf_counter()
     function()
@@ -115,6 +129,8 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
     strategy = dt.connect(accelerator="cpu")
     background = AsyncCheckpointIO()
     async_strategy = dt.connect(accelerator="cpu", plugins=[background])
+    copying = AsyncCheckpointIO(snapshot="copy")
+    copy_strategy = dt.connect(accelerator="cpu", plugins=[copying])
     ours, plain = paths.join(root, "drivetrain.ckpt"), paths.join(root, "torch.ckpt")
 
     def drivetrain_save() -> None:
@@ -155,7 +171,32 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
         for target, tensor in zip(spare, live, strict=True):
             target.copy_(tensor)
 
-    names = ("save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall", "copy")
+    def update_state() -> (
+        None
+    ):  # writes every page of the state, values unchanged (an optimizer step's writes)
+        with torch.no_grad():
+            for tensor in live:
+                tensor.mul_(1.0)
+
+    def background_save(with_strategy: Any) -> float:
+        return timed(
+            lambda: write_checkpoint(
+                with_strategy, ours, checkpoint_entries(with_strategy, objects, door="trainer")
+            )
+        )
+
+    names = (
+        "save",
+        "torch_save",
+        "torch_save_fsync",
+        "load",
+        "torch_load",
+        "stall",
+        "stall_copy",
+        "copy",
+        "update",
+        "update_after_save",
+    )
     times: dict[str, list[float]] = {k: [] for k in names}
     for round_ in range(rounds + 1):  # round 0 warms caches and is dropped
         pairs = [("save", drivetrain_save), ("torch_save", torch_save)]
@@ -168,14 +209,14 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
         measured = {name: timed(function) for name, function in pairs + loads}
         if async_stall:
             measured["copy"] = timed(copy_state)
-            measured["stall"] = timed(
-                lambda: write_checkpoint(
-                    async_strategy, ours, checkpoint_entries(async_strategy, objects, door="trainer")
-                )
-            )
+            measured["update"] = timed(update_state)
+            measured["stall"] = background_save(async_strategy)
+            measured["update_after_save"] = timed(update_state)  # while the save is written
             # Wait for the background write (untimed) and delete it; no teardown(), which would free
             # the staging memory a run keeps from save to save (round 0, dropped, allocates it).
             background.remove_checkpoint(ours)
+            measured["stall_copy"] = background_save(copy_strategy)
+            copying.remove_checkpoint(ours)
         for path in (ours, plain):
             remove(path)
         print(
@@ -185,6 +226,7 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
             for name, value in measured.items():
                 times[name].append(value)
     background.teardown()
+    copying.teardown()
     times["state_mib"] = [state_mib(model, optimizer)]
     return times
 
@@ -362,13 +404,30 @@ def measurements(
         found.append(
             ratio(
                 f"{where}/async_stall",
-                f"{where}: asynchronous save, loop stall / synchronous save",
+                f"{where}: asynchronous save (default: {_default_snapshot(where)}), loop stall / synchronous save",
                 times["stall"],
                 times["save"],
                 "× sync save",
                 0.05,
             )
         )
+    if times.get("stall_copy"):
+        found += [
+            ratio(
+                f"{where}/async_stall_copy",
+                f"{where}: asynchronous save (snapshot='copy'), loop stall / synchronous save",
+                times["stall_copy"],
+                times["save"],
+                "× sync save",
+            ),
+            ratio(
+                f"{where}/update_after_save",
+                f"{where}: in-place update of the state right after the default asynchronous save / the same update alone",
+                times["update_after_save"],
+                times["update"],
+                "× update",
+            ),
+        ]
     if times.get("copy"):
         found += [
             ratio(
@@ -512,13 +571,27 @@ def report(args: argparse.Namespace, command: str, results: dict[str, Any], befo
         "",
         "Median seconds per operation:",
         "",
-        "| where | drivetrain save | torch.save | torch.save + fsync | drivetrain load | torch.load | async stall | copy_ of the state |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| where | drivetrain save | torch.save | torch.save + fsync | drivetrain load | torch.load | async stall "
+        "| async stall (copy) | copy_ of the state | update | update after async save |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for where, (one, _) in results.items():
         lines.append(
             median_row(
-                where, one, ["save", "torch_save", "torch_save_fsync", "load", "torch_load", "stall", "copy"]
+                where,
+                one,
+                [
+                    "save",
+                    "torch_save",
+                    "torch_save_fsync",
+                    "load",
+                    "torch_load",
+                    "stall",
+                    "stall_copy",
+                    "copy",
+                    "update",
+                    "update_after_save",
+                ],
             )
         )
     lines += [

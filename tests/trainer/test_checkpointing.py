@@ -91,8 +91,11 @@ def test_a_crashed_run_resumes_from_last_and_matches(tmp_path: Path) -> None:
     assert resumed.current_epoch == 3
 
 
-def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(tmp_path: Path) -> None:
-    """AsyncCheckpointIO copies into memory reused from save to save; no save may see another's data."""
+@pytest.mark.parametrize("snapshot", ["fork", "copy"])
+def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(
+    tmp_path: Path, snapshot: str
+) -> None:
+    """AsyncCheckpointIO forks (copy-on-write) or copies into memory reused from save to save; no save may see another's data."""
     recorded: dict[int, dict[str, torch.Tensor]] = {}
 
     class Record(Callback):
@@ -114,7 +117,7 @@ def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(tmp_
         max_epochs=3,
         callbacks=[Record(), checkpoint],
         enable_checkpointing=True,
-        plugins=[AsyncCheckpointIO()],
+        plugins=[AsyncCheckpointIO(snapshot=snapshot)],
     )
     trainer.fit(
         model, loader(regression_data(60), batch_size=8, shuffle=True), loader(regression_data(16, seed=5))

@@ -1,14 +1,16 @@
 """Checkpoint saves in a background thread, so training continues while the file is written.
 
-The checkpoint's tensors are copied to CPU before ``save_checkpoint`` returns, so the caller may
-change parameters and optimizer state straight away; only the write (serialisation and disk
-I/O) happens later, in one worker thread, in the order the saves were requested. That copy is all
-the training loop waits for; it goes into memory kept from earlier saves (see
-:mod:`drivetrain.plugins.io.staging`).
+The checkpoint is snapshotted before ``save_checkpoint`` returns, so the caller may change
+parameters and optimizer state straight away; only the write (serialisation and disk I/O)
+happens later, in the order the saves were requested. The snapshot is a fork where that is safe
+(the child process sees the state of the call by copy-on-write and writes it, see
+:mod:`drivetrain.plugins.io.forked`), else a copy of the tensors to CPU memory kept from earlier
+saves (see :mod:`drivetrain.plugins.io.staging`), written by one worker thread.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -18,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain._utilities import paths
+from drivetrain.plugins.io import forked
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.io.staging import Lease, StagingPool, snapshot
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
+
+_SNAPSHOTS = ("auto", "fork", "copy")
 
 
 class AsyncCheckpointIO(CheckpointIO):
@@ -38,17 +43,47 @@ class AsyncCheckpointIO(CheckpointIO):
     memory is released by :meth:`teardown`. Any other ``CheckpointIO`` may keep what it is given,
     so it gets new copies every time.
 
+    On Linux, a save to a local path whose tensors are all on the CPU is snapshotted without copying
+    by default: the process forks, and the child, which sees the state as it was at the call (the
+    kernel copies a page only when training changes it), writes the file and exits (see
+    :mod:`drivetrain.plugins.io.forked`). The loop waits only for the fork.
+
     Args:
         checkpoint_io: the IO that does the writing; :class:`TorchCheckpointIO` by default.
+        snapshot: how the state is held for the background write. ``"auto"`` (default): by a fork
+            where that is safe (Linux, a local path, only plain CPU tensors, a
+            :class:`TorchCheckpointIO`, the save called from the main thread), else by a copy.
+            A subclass of ``TorchCheckpointIO`` with a ``save_checkpoint`` of its own gets a copy
+            under ``"auto"``: in a forked child, what it records in this process would be lost.
+            ``"fork"``: always by a fork; a save where it is not safe raises, saying why.
+            ``"copy"``: always by a copy into CPU memory.
     """
 
-    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+    def __init__(self, checkpoint_io: CheckpointIO | None = None, snapshot: str = "auto") -> None:
         if checkpoint_io is not None and not isinstance(checkpoint_io, CheckpointIO):
             raise TypeError(
                 f"AsyncCheckpointIO(checkpoint_io=...) expects a CheckpointIO instance, got "
                 f"{type(checkpoint_io).__name__}."
             )
+        if snapshot not in _SNAPSHOTS:
+            raise ValueError(
+                f"AsyncCheckpointIO(snapshot={snapshot!r}) is not a snapshot mode; choose one of "
+                f"{', '.join(repr(mode) for mode in _SNAPSHOTS)} ('auto' forks where that is safe, else copies)."
+            )
         self.checkpoint_io: CheckpointIO = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        if snapshot == "fork":
+            if not forked.platform_supports_fork():
+                raise ValueError(
+                    f"AsyncCheckpointIO(snapshot='fork') needs Linux (os.fork and os.register_at_fork); this is "
+                    f"{sys.platform}. Use snapshot='auto' or 'copy'."
+                )
+            if not isinstance(self.checkpoint_io, TorchCheckpointIO):
+                raise ValueError(
+                    f"AsyncCheckpointIO(snapshot='fork') writes through a TorchCheckpointIO (or a subclass); got "
+                    f"{type(self.checkpoint_io).__name__}, which may not be safe to run in a forked process. "
+                    f"Use snapshot='copy' (or 'auto', which copies for it)."
+                )
+        self.snapshot = snapshot
         self._queue = _SaveQueue()
         self._staging = StagingPool() if isinstance(self.checkpoint_io, TorchCheckpointIO) else None
         # The finaliser holds the queue, never ``self``, so it cannot keep this object alive.
@@ -62,6 +97,22 @@ class AsyncCheckpointIO(CheckpointIO):
         if isinstance(self.checkpoint_io, TorchCheckpointIO) and not paths.is_remote(path):
             # Fail here, not one call later from the worker thread.
             reject_storage_options(self.checkpoint_io, storage_options)
+        if self.snapshot == "fork" or (self.snapshot == "auto" and _plain_torch_save(self.checkpoint_io)):
+            reason = forked.why_not(checkpoint, path)
+            if reason is None:
+                try:
+                    write = forked.ForkedWrite(self.checkpoint_io.save_checkpoint, checkpoint, path)
+                except OSError:
+                    if self.snapshot == "fork":
+                        raise
+                else:
+                    self._queue.submit(path, _run_forked, write)
+                    return
+            elif self.snapshot == "fork":
+                raise ValueError(
+                    f"AsyncCheckpointIO(snapshot='fork') cannot save to '{path}' by a fork: {reason}. Use "
+                    f"snapshot='auto' (forks where safe, else copies) or 'copy'."
+                )
         if self._staging is None:
             self._queue.submit(
                 path, self.checkpoint_io.save_checkpoint, snapshot(checkpoint), path, storage_options
@@ -110,13 +161,13 @@ class AsyncCheckpointIO(CheckpointIO):
 
     # Strategies are pickled into spawned processes; threads and locks cannot travel.
     def __getstate__(self) -> dict[str, Any]:
-        return {"checkpoint_io": self.checkpoint_io}
+        return {"checkpoint_io": self.checkpoint_io, "snapshot": self.snapshot}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["checkpoint_io"])  # type: ignore[misc]
+        self.__init__(state["checkpoint_io"], state.get("snapshot", "auto"))  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.checkpoint_io!r})"
+        return f"{type(self).__name__}({self.checkpoint_io!r}, snapshot={self.snapshot!r})"
 
 
 class _SaveQueue:
@@ -176,6 +227,16 @@ class _SaveQueue:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+def _plain_torch_save(io: CheckpointIO) -> bool:
+    # A subclass with a save_checkpoint of its own may keep state in this process (a record of what
+    # it wrote, an event it waits on); in a forked child that would be lost, so "auto" copies for it.
+    return isinstance(io, TorchCheckpointIO) and type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint
+
+
+def _run_forked(write: forked.ForkedWrite) -> None:
+    write.run()
 
 
 def _write_staged(save: Any, staging: StagingPool, lease: Lease, *args: Any) -> None:

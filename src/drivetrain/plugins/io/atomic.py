@@ -47,6 +47,11 @@ COMPLETE_MARKER = ".drivetrain-complete"
 # may be writing one while the training thread tidies the same folder).
 _in_flight: set[str] = set()
 _in_flight_lock = threading.Lock()
+# Tokens of writes that forked children of this process will make (drivetrain.plugins.io.forked):
+# their temporary files are in flight too, though this process never opens them.
+_reserved: set[str] = set()
+# Set in such a child: its one write uses the reserved token, and it never tidies (the parent does).
+_forked_token: str | None = None
 
 StorageOptions = Mapping[str, Any] | None
 
@@ -64,7 +69,27 @@ def local_path(path: str | os.PathLike[str]) -> Path:
 
 
 def new_token() -> str:
+    if _forked_token is not None:
+        return _forked_token
     return secrets.token_hex(6)
+
+
+def reserve_token(token: str) -> None:
+    """Mark the temporary files named with ``token`` as written by this process (a forked child of it)."""
+    with _in_flight_lock:
+        _reserved.add(token)
+
+
+def release_token(token: str) -> None:
+    with _in_flight_lock:
+        _reserved.discard(token)
+
+
+def enter_forked_writer(token: str) -> None:
+    """In a child forked to write one checkpoint: name its temporary file with ``token``; never tidy."""
+    global _forked_token, _in_flight_lock
+    _in_flight_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _forked_token = token
 
 
 def partial_path(path: str | os.PathLike[str], token: str) -> Any:
@@ -285,6 +310,8 @@ def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = No
     Called before each save into ``directory`` (by one process). Temporary files this process is
     writing are kept.
     """
+    if _forked_token is not None:
+        return  # a forked writer: its parent tidied before letting it write
     if paths.is_remote(directory):
         _tidy_remote(os.fspath(directory), storage_options)
         return
@@ -305,9 +332,14 @@ def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = No
             pass  # another process finished it first
     with _in_flight_lock:
         keep = set(_in_flight)
-    for name, _ in leftovers:
+        reserved = set(_reserved)
+    for name, match in leftovers:
         leftover = directory / name
-        if os.fspath(leftover) in keep or not (leftover.exists() or leftover.is_symlink()):
+        if (
+            match["token"] in reserved
+            or os.fspath(leftover) in keep
+            or not (leftover.exists() or leftover.is_symlink())
+        ):
             continue
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
