@@ -9,14 +9,13 @@ its 95 % bootstrap interval over the paired rounds (:mod:`benchmarks.intervals`)
   generators, temporary file, fsync, verification, atomic rename) against ``torch.save`` of the
   same model and optimizer state dicts into a file (target <= 1.1x);
 * **asynchronous save stall**: how long ``write_checkpoint`` holds the training loop with
-  ``AsyncCheckpointIO`` as configured by default (``snapshot="auto"``: a fork on a local Linux path
-  with CPU tensors, so the stall is the fork), as a share of the synchronous save (target <= 5 %);
-  beside it the copy snapshot's stall (``snapshot="copy"``: the tensors copied into the staging
-  memory the previous save used, as in a run that saves repeatedly);
+  ``AsyncCheckpointIO`` as configured by default (``snapshot="copy"``: the tensors copied into the
+  staging memory the previous save used, as in a run that saves repeatedly), as a share of the
+  synchronous save (target <= 5 %); beside it the stall of ``snapshot="fork"`` (local, Linux);
 * **what a fork moves to the next step**: an in-place update of every state tensor (what an
   optimizer step does) right after a forked save returned, while the child writes, against the
   same update with no save pending: the kernel copies each page the parent writes first
-  (copy-on-write), so part of what a fork takes out of the stall comes back in the next step;
+  (copy-on-write), so what a fork takes out of the stall comes back in the next step;
 * **the stall's floor**: ``Tensor.copy_`` of the same state into memory allocated beforehand, which
   any snapshot taken before ``write_checkpoint`` returns must do (stall / copy, copy / sync save);
 * **load**: drivetrain's ``read_checkpoint`` (safe loading, restoring the objects in place)
@@ -95,12 +94,11 @@ def state_mib(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
     return sum(t.numel() * t.element_size() for t in _state_tensors(model, optimizer)) / MiB
 
 
-def _default_snapshot(where: str) -> str:
+def _forks(root: str) -> bool:
+    from drivetrain._utilities import paths
     from drivetrain.plugins.io.forked import platform_supports_fork
 
-    if where == "local" and platform_supports_fork():
-        return "snapshot='auto', a fork here"
-    return "snapshot='auto', a copy here"
+    return platform_supports_fork() and not paths.is_remote(root)
 
 
 def timed(function: Callable[[], Any]) -> float:
@@ -129,8 +127,8 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
     strategy = dt.connect(accelerator="cpu")
     background = AsyncCheckpointIO()
     async_strategy = dt.connect(accelerator="cpu", plugins=[background])
-    copying = AsyncCheckpointIO(snapshot="copy")
-    copy_strategy = dt.connect(accelerator="cpu", plugins=[copying])
+    forking = AsyncCheckpointIO(snapshot="fork") if _forks(root) else None
+    fork_strategy = dt.connect(accelerator="cpu", plugins=[forking]) if forking is not None else None
     ours, plain = paths.join(root, "drivetrain.ckpt"), paths.join(root, "torch.ckpt")
 
     def drivetrain_save() -> None:
@@ -192,7 +190,7 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
         "load",
         "torch_load",
         "stall",
-        "stall_copy",
+        "stall_fork",
         "copy",
         "update",
         "update_after_save",
@@ -209,14 +207,15 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
         measured = {name: timed(function) for name, function in pairs + loads}
         if async_stall:
             measured["copy"] = timed(copy_state)
-            measured["update"] = timed(update_state)
             measured["stall"] = background_save(async_strategy)
-            measured["update_after_save"] = timed(update_state)  # while the save is written
             # Wait for the background write (untimed) and delete it; no teardown(), which would free
             # the staging memory a run keeps from save to save (round 0, dropped, allocates it).
             background.remove_checkpoint(ours)
-            measured["stall_copy"] = background_save(copy_strategy)
-            copying.remove_checkpoint(ours)
+            if forking is not None:
+                measured["update"] = timed(update_state)
+                measured["stall_fork"] = background_save(fork_strategy)
+                measured["update_after_save"] = timed(update_state)  # while the child writes
+                forking.remove_checkpoint(ours)
         for path in (ours, plain):
             remove(path)
         print(
@@ -226,7 +225,8 @@ def single_process(root: str, mib: int, rounds: int, *, async_stall: bool) -> di
             for name, value in measured.items():
                 times[name].append(value)
     background.teardown()
-    copying.teardown()
+    if forking is not None:
+        forking.teardown()
     times["state_mib"] = [state_mib(model, optimizer)]
     return times
 
@@ -404,25 +404,25 @@ def measurements(
         found.append(
             ratio(
                 f"{where}/async_stall",
-                f"{where}: asynchronous save (default: {_default_snapshot(where)}), loop stall / synchronous save",
+                f"{where}: asynchronous save (default, snapshot='copy'), loop stall / synchronous save",
                 times["stall"],
                 times["save"],
                 "× sync save",
                 0.05,
             )
         )
-    if times.get("stall_copy"):
+    if times.get("stall_fork"):
         found += [
             ratio(
-                f"{where}/async_stall_copy",
-                f"{where}: asynchronous save (snapshot='copy'), loop stall / synchronous save",
-                times["stall_copy"],
+                f"{where}/async_stall_fork",
+                f"{where}: asynchronous save (snapshot='fork'), loop stall / synchronous save",
+                times["stall_fork"],
                 times["save"],
                 "× sync save",
             ),
             ratio(
-                f"{where}/update_after_save",
-                f"{where}: in-place update of the state right after the default asynchronous save / the same update alone",
+                f"{where}/update_after_fork",
+                f"{where}: in-place update of the state right after a forked save (copy-on-write) / the same update alone",
                 times["update_after_save"],
                 times["update"],
                 "× update",
@@ -572,7 +572,7 @@ def report(args: argparse.Namespace, command: str, results: dict[str, Any], befo
         "Median seconds per operation:",
         "",
         "| where | drivetrain save | torch.save | torch.save + fsync | drivetrain load | torch.load | async stall "
-        "| async stall (copy) | copy_ of the state | update | update after async save |",
+        "| async stall (fork) | copy_ of the state | update | update after forked save |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for where, (one, _) in results.items():
@@ -587,7 +587,7 @@ def report(args: argparse.Namespace, command: str, results: dict[str, Any], befo
                     "load",
                     "torch_load",
                     "stall",
-                    "stall_copy",
+                    "stall_fork",
                     "copy",
                     "update",
                     "update_after_save",

@@ -32,12 +32,19 @@ class WriterPidIO(TorchCheckpointIO):
         super().save_checkpoint({**checkpoint, "writer_pid": os.getpid()}, path, storage_options)
 
 
+class PidWhenPickled:
+    """Becomes, in the file, the id of the process that pickled it (the writer)."""
+
+    def __reduce__(self):
+        return (int, (os.getpid(),))
+
+
 def _load(path: Path) -> dict[str, Any]:
     return TorchCheckpointIO().load_checkpoint(path)
 
 
 def test_the_file_holds_the_state_of_the_call_though_the_parent_changes_it_at_once(tmp_path):
-    io = AsyncCheckpointIO()  # "auto": a local path and CPU tensors, so a fork
+    io = AsyncCheckpointIO(snapshot="auto")  # a local path and CPU tensors, so a fork
     weights = torch.zeros(512, 1024)  # 2 MiB: many pages, changed while the child writes
     for step in range(1, 6):
         weights.fill_(float(step))
@@ -58,6 +65,16 @@ def test_the_file_holds_the_state_of_the_call_though_the_parent_changes_it_at_on
 
 
 def test_auto_forks_for_local_cpu_saves_and_copies_otherwise(tmp_path):
+    assert AsyncCheckpointIO().snapshot == "copy"  # the default: a fork moves the cost into the next step
+    auto_plain = AsyncCheckpointIO(snapshot="auto")
+    auto_plain.save_checkpoint({"writer": PidWhenPickled()}, tmp_path / "plain.ckpt")
+    auto_plain.teardown()
+    assert torch.load(tmp_path / "plain.ckpt", weights_only=False)["writer"] != os.getpid()
+    default = AsyncCheckpointIO()
+    default.save_checkpoint({"writer": PidWhenPickled()}, tmp_path / "default.ckpt")
+    default.teardown()
+    assert torch.load(tmp_path / "default.ckpt", weights_only=False)["writer"] == os.getpid()
+
     forked = AsyncCheckpointIO(WriterPidIO(), snapshot="fork")
     forked.save_checkpoint({"w": torch.ones(3)}, tmp_path / "forked.ckpt")
     forked.teardown()
@@ -70,8 +87,7 @@ def test_auto_forks_for_local_cpu_saves_and_copies_otherwise(tmp_path):
 
     # "auto" with a subclass that has a save_checkpoint of its own: it may keep state in this
     # process, so it is not run in a forked child.
-    auto = AsyncCheckpointIO(WriterPidIO())
-    assert auto.snapshot == "auto"
+    auto = AsyncCheckpointIO(WriterPidIO(), snapshot="auto")
     auto.save_checkpoint({"w": torch.ones(3)}, tmp_path / "auto.ckpt")
     auto.teardown()
     assert _load(tmp_path / "auto.ckpt")["writer_pid"] == os.getpid()
@@ -94,7 +110,7 @@ def test_auto_copies_when_the_save_comes_from_another_thread(tmp_path):
     io.teardown()
     assert not (tmp_path / "thread.ckpt").exists()
     # "auto" copies there instead (the plain TorchCheckpointIO would fork from the main thread).
-    auto = AsyncCheckpointIO()
+    auto = AsyncCheckpointIO(snapshot="auto")
     thread = threading.Thread(
         target=auto.save_checkpoint, args=({"pid": torch.tensor(os.getpid())}, tmp_path / "t.ckpt")
     )
@@ -112,7 +128,7 @@ def test_why_not_names_each_unsafe_case(tmp_path):
 
 
 def test_explicit_fork_where_it_is_not_safe_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"snapshot='bgsave'.*'auto', 'fork', 'copy'"):
+    with pytest.raises(ValueError, match=r"snapshot='bgsave'.*'copy', 'auto', 'fork'"):
         AsyncCheckpointIO(snapshot="bgsave")
 
     class OwnIO(CheckpointIO):
