@@ -33,16 +33,20 @@ def main() -> None:
     functions = training_functions(config["variants"], config)
     steps = config["steps"]
     variants = {}
-    for name, train in functions.items():
-        # Warm-up without instrumentation (a few times native speed): the measured runs, twice,
-        # so that Python's specialising interpreter, the allocators and the frameworks' caches
-        # have seen every size and path; then one instrumented run that is thrown away. Measured:
-        # with one warm-up run the first counted run cost up to 2 M instructions more than later
-        # ones; with this, runs of one length differ by ~50 k (hash order of addresses, say), and
-        # the first difference still runs a few tenths of a percent low (see AGREEMENT).
-        for _ in range(2):
+    # Warm-up without instrumentation (a few times native speed): the measured runs, twice, so
+    # that Python's specialising interpreter, the allocators and the frameworks' caches have seen
+    # every size and path; then, per variant, one instrumented run that is thrown away. Measured:
+    # with one warm-up run the first counted run cost up to 2 M instructions more than later ones;
+    # with this, runs of one length differ by ~50 k (hash order of addresses, say), and the first
+    # difference still runs a few tenths of a percent low (see AGREEMENT). Every variant warms up
+    # before any is counted: warmed and counted one after the other, the variants counted later
+    # met a heap the earlier ones had fragmented (raw, counted first, then looked cheaper: ~8 k of
+    # a variant's +21 k instructions per step over raw were glibc's malloc searching free lists).
+    for _ in range(2):
+        for train in functions.values():
             for count in steps:
                 train(count)
+    for name, train in functions.items():
         marks.bench_start()
         train(steps[0])
         model = None
