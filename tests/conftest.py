@@ -93,3 +93,16 @@ def hardware(monkeypatch: pytest.MonkeyPatch) -> object:
     from helpers.fake_hardware import FakeHardware
 
     return FakeHardware(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _forked_ranks_start_warm(request: pytest.FixtureRequest) -> None:
+    """Multi-process tests: torch._dynamo imported before any rank forks.
+
+    Forked ranks (``helpers.multiprocess``, the ``ddp_fork`` strategy, the kill-point forks) then
+    skip that import; see :func:`helpers.multiprocess.import_before_fork`.
+    """
+    if request.node.get_closest_marker("multiprocess") is not None:
+        from helpers.multiprocess import import_before_fork
+
+        import_before_fork()
