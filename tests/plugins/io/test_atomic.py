@@ -115,3 +115,59 @@ def test_remote_paths_never_become_local_folders(tmp_path: Path, monkeypatch: py
     io.remove_checkpoint("memory://atomic-test/run/last.ckpt")
     assert resolve("memory://atomic-test/run/last.ckpt") is None
     assert os.listdir(tmp_path) == []
+
+
+_SLOW_WRITER = """
+import sys
+from drivetrain.plugins.io.atomic import write_file
+
+def write(file):
+    file.write(b"first half ")
+    file.flush()
+    print("writing", flush=True)
+    sys.stdin.readline()  # until the test has tidied the folder from its own process
+    file.write(b"second half")
+
+write_file(sys.argv[1], write)
+print("published", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_tidying_in_another_process_leaves_a_live_write_alone_and_still_removes_a_crashed_one(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    crashed = tmp_path / ".old.ckpt.drivetrain-partial-0123456789ab"  # a write whose process is gone
+    crashed.write_bytes(b"half")
+    target = tmp_path / "live.ckpt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"), *sys.path])}
+    with subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, str(target)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as writer:
+        try:
+            assert writer.stdout is not None and writer.stdin is not None
+            assert writer.stdout.readline().strip() == "writing"
+            (partial,) = [
+                p for p in tmp_path.iterdir() if p.name.startswith(".live.ckpt.drivetrain-partial-")
+            ]
+
+            tidy(tmp_path)  # this process is not the writer: only the lock can tell it the write is live
+
+            assert partial.exists(), "tidy deleted a temporary file that a live process is writing"
+            assert not crashed.exists(), "tidy kept what a crashed write left"
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "published"
+            assert writer.wait(timeout=60) == 0
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+    assert target.read_bytes() == b"first half second half"
+    assert [p.name for p in tmp_path.iterdir()] == ["live.ckpt"]

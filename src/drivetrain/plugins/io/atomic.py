@@ -55,6 +55,48 @@ _forked_token: str | None = None
 
 StorageOptions = Mapping[str, Any] | None
 
+try:  # advisory locks say which temporary files a live process is still writing (POSIX)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, tidy() as before
+    fcntl = None  # type: ignore[assignment]
+
+
+def _hold(path: Path) -> int | None:
+    """Take an exclusive advisory lock on ``path`` for as long as the returned descriptor is open.
+
+    The kernel releases it when the process ends however it ends, so a leftover that nobody holds
+    is a crashed write; one that is held belongs to a live writer in another process.
+    """
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _held_by_another_process(path: Path) -> bool:
+    """Whether a live writer (in another process) holds ``path``'s lock; False if it cannot tell."""
+    if fcntl is None or not path.is_file() or path.is_symlink():
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also drops the lock just taken
+    return False
+
 
 def local_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a local :class:`~pathlib.Path`, for operations that exist only on local disks.
@@ -173,8 +215,12 @@ def write_file(
     # system, and concurrent writers (two ranks, two runs) must not share a temp file. Opened
     # with "xb" rather than mkstemp so the file gets the usual umask permissions, not 0600.
     with in_flight(partial_path(target, new_token())) as tmp:
+        lock = None
         try:
             with open(tmp, "xb") as file:
+                # Held until the file is published or removed: another process tidying this
+                # folder (a second job, a program saving per-rank files) leaves it alone.
+                lock = _hold(tmp)
                 # The disk starts on the first chunks while the rest is produced: the fsync,
                 # which stays the only thing that says the bytes are on disk, then waits for little.
                 write(write_behind(file))
@@ -186,6 +232,8 @@ def write_file(
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            _release(lock)
 
 
 def _write_remote_file(
@@ -339,6 +387,7 @@ def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = No
             match["token"] in reserved
             or os.fspath(leftover) in keep
             or not (leftover.exists() or leftover.is_symlink())
+            or _held_by_another_process(leftover)
         ):
             continue
         if leftover.is_dir() and not leftover.is_symlink():
