@@ -95,6 +95,39 @@ def name(path: str | os.PathLike[str]) -> str:
     return posixpath.basename(text) if is_remote(text) else os.path.basename(text)
 
 
+def same_folder(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name the same folder (locally after resolving ``..`` and links)."""
+    first, second = normalize(a), normalize(b)
+    if is_remote(first) or is_remote(second):
+        return _remote_key(first) == _remote_key(second)
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
+def is_entry_of(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names an entry directly inside ``folder``.
+
+    The check made before deleting on anyone's say-so: ``folder/../data``, ``/home/me/x`` or a
+    path through a link that leads elsewhere is not an entry of ``folder``. Remote paths with a
+    ``..`` component are never entries (object stores take it literally, fsspec may not).
+    """
+    text = normalize(path)
+    entry = name(text)
+    if entry in ("", ".", "..") or not text.rstrip("/"):
+        return False
+    if is_remote(text):
+        return ".." not in text.split("://", 1)[1].split("/") and same_folder(parent(text), folder)
+    if is_remote(folder):
+        return False
+    return same_folder(os.path.dirname(os.path.abspath(text)), folder)
+
+
+def _remote_key(path: str) -> tuple[str, str] | None:
+    if not is_remote(path):
+        return None
+    scheme, rest = path.split("://", 1)
+    return scheme.lower(), posixpath.normpath("/" + rest.rstrip("/"))
+
+
 def filesystem(
     path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
 ) -> tuple[AbstractFileSystem, str]:

@@ -39,6 +39,7 @@ class TrainerProperties:
     _fit_progress: FitProgressView
     _ckpt_path: str | None
     _ckpt_path_set: str | None
+    _ckpt_request: str | None
     _metrics: MetricsHub
     _callbacks: list[Callback]
     _data: DataConnector
@@ -366,6 +367,12 @@ class TrainerProperties:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"trainer.ckpt_path = {path!r}: use a path, 'last', 'best' or None.")
         self._ckpt_path_set = os.fspath(path) if path is not None else None
+
+    @property
+    def ckpt_path_requested(self) -> str | None:
+        """What the current (or last) entry point was asked to load: a path, ``"last"``, ``"best"``,
+        ``"hpc"`` or ``None``; :attr:`ckpt_path` is the checkpoint that request resolved to."""
+        return self._ckpt_request
 
     @property
     def training(self) -> bool:

@@ -432,12 +432,18 @@ class ModelCheckpoint(Callback):
         """Delete the checkpoints that left the top k (or the most recent k) once their successors are saved.
 
         Pending removals are part of this callback's state, so a run resumed after a crash between
-        publishing a checkpoint and pruning finishes the pruning at its first save.
+        publishing a checkpoint and pruning finishes the pruning at its first save. Nothing outside
+        this callback's own folder is ever deleted, nor the checkpoint a fit was explicitly told to
+        resume from (as in Lightning: the user named it, so it stays).
         """
         kept = {*self.best_k_models, *self._recent, self.last_model_path, self.best_model_path}
+        resumed = trainer.ckpt_path if trainer.ckpt_path_requested not in (None, "last", "hpc") else None
         for path in self._pending_removals:
-            if path not in kept:
-                trainer.strategy.remove_checkpoint(path)
+            if path in kept or not self.dirpath or not paths.is_entry_of(path, self.dirpath):
+                continue
+            if resumed is not None and _same_file(path, resumed):
+                continue
+            trainer.strategy.remove_checkpoint(path)
         self._pending_removals = []
 
     def _write(self, trainer: Trainer, filepath: str) -> None:
@@ -488,8 +494,8 @@ class ModelCheckpoint(Callback):
         return paths.join(self.dirpath or "", name + self.FILE_EXTENSION)
 
     def find_last(self, dirpath: str | None = None) -> str | None:
-        """The newest complete checkpoint in :attr:`dirpath` (or ``dirpath``): the newest ``last`` (``last.ckpt``,
-        ``last-v1.ckpt`` …), else the newest other one.
+        """The newest complete checkpoint in :attr:`dirpath` (or ``dirpath``): normally ``last.ckpt`` (or
+        ``last-v1.ckpt`` …), but a top-k file written after it (a crash between the two) wins.
 
         A checkpoint a crash left incomplete or damaged is passed over (with a warning), so a resumed
         run starts from the newest one that is whole; ``None`` when there is none.
@@ -512,9 +518,15 @@ class ModelCheckpoint(Callback):
         if not lasts:  # a crash may have left only the half-replaced form of last.ckpt
             found = resolve(paths.join(folder, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
             lasts = [os.fspath(found)] if found is not None else []
-        candidates = sorted(lasts, key=_modified, reverse=True)
         others = [paths.join(folder, n) for n in names if not last_name.fullmatch(n)]
-        candidates += sorted((p for p in others if p not in candidates), key=_modified, reverse=True)
+        # Newest first: a save writes its top-k file before last.ckpt, so a crash between the two
+        # leaves a top-k file newer than last.ckpt, and resuming from last would lose that step.
+        # On a tie (stores that keep whole seconds) last.ckpt is preferred.
+        candidates = sorted(
+            [*lasts, *(p for p in others if p not in lasts)],
+            key=lambda p: (_modified(p), p in lasts),
+            reverse=True,
+        )
         for index, candidate in enumerate(candidates):
             if is_complete(candidate):
                 if index:
@@ -543,19 +555,67 @@ class ModelCheckpoint(Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the ranking of a resumed fit; the files it names are taken from this folder's own listing.
+
+        A checkpoint file is data from anywhere, so what it says is only a hint: a path it names is
+        kept (and may later be pruned) only when it is a checkpoint this callback could have written
+        (its file-name template or ``last``) that exists directly in this callback's folder.
+        Anything else (another folder, ``../x``, a file of another name) is dropped, never deleted.
+        """
         score = state_dict.get("best_model_score")
         self.best_model_score = None if score is None else _score(score)
         self.best_model_path = state_dict.get("best_model_path", "")
-        self.last_model_path = state_dict.get("last_model_path", "")
-        if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
-            # Rankings only carry over when the files are in the same place.
-            self.best_k_models = {
-                path: _score(value) for path, value in state_dict.get("best_k_models", {}).items()
-            }
-            self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
-            self._recent = list(state_dict.get("recent", []))
-            self._pending_removals = list(state_dict.get("pending_removals", []))
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
+        saved_in = state_dict.get("dirpath")
+        if not self.dirpath or not isinstance(saved_in, str) or not paths.same_folder(saved_in, self.dirpath):
+            self.last_model_path = ""
+            return  # rankings only carry over when the files are in this callback's folder
+        own = self._own_checkpoints()
+
+        def ours(path: Any) -> str | None:
+            if not isinstance(path, str) or not paths.is_entry_of(path, self.dirpath or ""):
+                return None
+            local = paths.join(self.dirpath or "", paths.name(path))
+            return local if local in own else None
+
+        self.last_model_path = ours(state_dict.get("last_model_path")) or ""
+        ranked = state_dict.get("best_k_models", {})
+        self.best_k_models = {
+            path: _score(value)
+            for saved, value in (ranked.items() if isinstance(ranked, dict) else ())
+            if (path := ours(saved)) is not None
+        }
+        self.kth_best_model_path = ""
+        if self.best_k_models:
+            self._rank()
+        self._recent = [path for saved in state_dict.get("recent", []) if (path := ours(saved)) is not None]
+        self._pending_removals = [
+            path for saved in state_dict.get("pending_removals", []) if (path := ours(saved)) is not None
+        ]
+
+    def _own_checkpoints(self) -> set[str]:
+        """The checkpoints in this callback's folder named as it names them (template or ``last``, any version)."""
+        from drivetrain.plugins.io.atomic import is_temporary
+
+        if not self.dirpath:
+            return set()
+        pattern = self._name_pattern()
+        return {
+            paths.join(self.dirpath, name)
+            for name in paths.listdir(self.dirpath)
+            if pattern.fullmatch(name) and not is_temporary(name)
+        }
+
+    def _name_pattern(self) -> re.Pattern[str]:
+        template = self.filename or "{epoch}-{step}"
+        pieces, end = [], 0
+        for match in _FIELD.finditer(template):
+            pieces += [re.escape(template[end : match.start()]), ".*"]
+            end = match.end()
+        pieces.append(re.escape(template[end:]))
+        names = f"(?:{''.join(pieces)}|{re.escape(self.CHECKPOINT_NAME_LAST)})"
+        version = rf"(?:{re.escape(self.CHECKPOINT_JOIN_CHAR)}v\d+)?"
+        return re.compile(names + version + re.escape(self.FILE_EXTENSION))
 
 
 _ONE_PROCESS_ONLY = (
@@ -582,6 +642,10 @@ def _default_dirpath(trainer: Trainer) -> str:
                 logger.save_dir, *([logger.name] if logger.name else []), version_folder, "checkpoints"
             )
     return paths.join(trainer.default_root_dir, "checkpoints")
+
+
+def _same_file(a: str, b: str) -> bool:
+    return paths.name(a) == paths.name(b) and paths.same_folder(paths.parent(a), paths.parent(b))
 
 
 def _modified(path: str) -> float:
