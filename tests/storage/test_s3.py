@@ -6,6 +6,7 @@ environment variables (``AWS_ENDPOINT_URL`` and credentials); ranks are real glo
 
 from __future__ import annotations
 
+import os
 import posixpath
 import signal
 from pathlib import Path
@@ -241,3 +242,49 @@ def test_a_kill_during_a_remote_checkpoint_write_leaves_the_previous_checkpoint_
     # writes its own under the next free name).
     kept = ["step=4-v1.ckpt", "step=4.ckpt"] if point == "publish" else ["step=4.ckpt"]
     assert listing(dirpath) == ["last.ckpt", "step=2.ckpt", *kept, "step=6.ckpt"]
+
+
+# -- preemption with the run's folder in S3 ---------------------------------------------------------------
+class _SignalledAt(Regression):
+    """Sends this process SIGTERM in the training step at ``step`` (once), as a cluster preempting the job."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.signal_step = step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.signal_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+class _FirstStep(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_train_start(self, trainer: dt.Trainer, module: Any) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def test_a_preempted_fit_in_s3_saves_there_and_the_next_fit_resumes_from_it(
+    s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preemption checkpoint goes to ``default_root_dir`` in S3, and the next start finds it there
+    (listing the bucket, not a local folder named ``s3:``); with ``ckpt_path="hpc"`` too."""
+    from drivetrain.strategies.preemption import Preempted
+
+    monkeypatch.chdir(tmp_path)
+    root = f"{s3_bucket}/run"
+    data = loader(regression_data(64))
+    torch.manual_seed(0)
+    with pytest.raises(Preempted) as stopped:
+        quiet_trainer(max_steps=8, default_root_dir=root).fit(_SignalledAt(3), data)
+    assert stopped.value.code == 143
+    assert "hpc_ckpt_1.ckpt" in listing(root)
+    assert not Path("s3:").exists()
+    for request in (None, "hpc"):
+        first = _FirstStep()
+        trainer = quiet_trainer(max_steps=8, default_root_dir=root, callbacks=[first])
+        trainer.fit(Regression(), data, ckpt_path=request)
+        assert first.steps == [4], f"ckpt_path={request!r} did not resume from the preemption checkpoint"
+        assert trainer.global_step == 8

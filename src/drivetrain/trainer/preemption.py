@@ -14,15 +14,15 @@ The next ``fit`` without ``ckpt_path`` (or with ``ckpt_path="hpc"``) in the same
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
+from drivetrain.plugins.io.atomic import resolve
 from drivetrain.strategies.preemption import Preempted, signal_name
 
 if TYPE_CHECKING:
@@ -82,30 +82,20 @@ def stop(trainer: Trainer, watch: PreemptionWatch) -> None:
 
 
 def newest_checkpoint(directory: str) -> str | None:
-    """The ``hpc_ckpt_<N>.ckpt`` in ``directory`` with the largest ``N``."""
+    """The ``hpc_ckpt_<N>.ckpt`` in ``directory`` (local or remote) with the largest ``N``."""
     found = _numbered(directory)
-    return os.path.join(directory, f"hpc_ckpt_{max(found)}.ckpt") if found else None
+    return paths.join(directory, f"hpc_ckpt_{max(found)}.ckpt") if found else None
 
 
 def _next_checkpoint(trainer: Trainer) -> str:
     directory = trainer.default_root_dir
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"hpc_ckpt_{max(_numbered(directory), default=0) + 1}.ckpt")
+    paths.makedirs(directory)
+    return paths.join(directory, f"hpc_ckpt_{max(_numbered(directory), default=0) + 1}.ckpt")
 
 
 def _numbered(directory: str) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
     return [
         int(match.group(1))
-        for name in names
-        if (match := _HPC.fullmatch(name)) and _published(directory, name)
+        for name in paths.listdir(directory)
+        if (match := _HPC.fullmatch(name)) and resolve(paths.join(directory, name)) is not None
     ]
-
-
-def _published(directory: str, name: str) -> bool:
-    from drivetrain.trainer.checkpointing import published
-
-    return published(Path(directory) / name) is not None
