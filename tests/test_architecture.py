@@ -123,3 +123,24 @@ def test_import_drivetrain_imports_nothing_else_of_drivetrain() -> None:
     code = "import drivetrain, sys; print(sorted(m for m in sys.modules if m.startswith('drivetrain')))"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "['drivetrain']"
+
+
+_GENERATOR_ACCESS = re.compile(
+    r"\b(get_rng_state|set_rng_state|get_rng_state_all|getstate|setstate|get_state|set_state)\s*\("
+)
+
+
+def test_generator_states_are_read_and_set_in_one_module() -> None:
+    """Checkpoints, epoch-start synchronisation and loader positions share strategies/rng.py (one schema,
+    one rule for a device record from other hardware); the hardware accelerators implement its hooks."""
+    allowed = {SOURCE / "strategies" / "rng.py"}
+    offenders = [
+        f"{path.relative_to(SOURCE)}:{number}: {line.strip()}"
+        for path in sorted(SOURCE.rglob("*.py"))
+        if path not in allowed and path.parent.name != "accelerators"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _GENERATOR_ACCESS.search(line) and not line.lstrip().startswith(("#", "def "))
+    ]
+    assert not offenders, "generator states handled outside drivetrain/strategies/rng.py:\n" + "\n".join(
+        offenders
+    )

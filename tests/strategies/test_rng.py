@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 import drivetrain as dt
 from drivetrain.accelerators import Accelerator, AcceleratorRegistry, CPUAccelerator
 from drivetrain.strategies import SingleDeviceStrategy
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
+from drivetrain.strategies.rng import capture, restore, state_for_rank
 from drivetrain.trainer import ModelCheckpoint
 from helpers.multiprocess import run_processes
 from trainer.trainer_models import Regression, quiet_trainer, regression_data, weights
@@ -221,9 +221,9 @@ def _state_right_after_restore(run: Any) -> torch.Tensor:
 # -- the helper on its own -------------------------------------------------------------------------
 def test_python_numpy_torch_and_device_generators_come_back() -> None:
     strategy = SingleDeviceStrategy(torch.device("cpu"), accelerator=NoisyDeviceAccelerator())
-    states = capture_rng_states(strategy)
+    states = capture(strategy)
     expected = (random.random(), float(np.random.rand()), torch.rand(2), device_noise())
-    restore_rng_states(strategy, states)
+    restore(strategy, states)
     again = (random.random(), float(np.random.rand()), torch.rand(2), device_noise())
     assert expected[:2] == again[:2]
     assert torch.equal(expected[2], again[2]) and torch.equal(expected[3], again[3])
@@ -235,9 +235,7 @@ def test_python_numpy_torch_and_device_generators_come_back() -> None:
 
 
 def test_device_generators_from_other_hardware_are_left_alone_with_a_warning() -> None:
-    saved = capture_rng_states(
-        SingleDeviceStrategy(torch.device("cpu"), accelerator=NoisyDeviceAccelerator())
-    )
+    saved = capture(SingleDeviceStrategy(torch.device("cpu"), accelerator=NoisyDeviceAccelerator()))
     cpu = SingleDeviceStrategy(torch.device("cpu"), accelerator=CPUAccelerator())
     before = NoisyDevice.generator.get_state()
     with pytest.warns(
@@ -245,15 +243,11 @@ def test_device_generators_from_other_hardware_are_left_alone_with_a_warning() -
         match=r"generators of NoisyDeviceAccelerator, which are not restored: "
         r"CPUAccelerator does not define set_rng_state",
     ):
-        restore_rng_states(
-            cpu, {**saved, "device": {**saved["device"], "state": {"generator": torch.zeros(1)}}}
-        )
+        restore(cpu, {**saved, "device": {**saved["device"], "state": {"generator": torch.zeros(1)}}})
     assert torch.equal(NoisyDevice.generator.get_state(), before)
     saved["device"]["type"] = "cuda"
     with pytest.warns(UserWarning, match=r"'cuda' generators .* not restored: this run is on 'cpu'"):
-        restore_rng_states(
-            SingleDeviceStrategy(torch.device("cpu"), accelerator=NoisyDeviceAccelerator()), saved
-        )
+        restore(SingleDeviceStrategy(torch.device("cpu"), accelerator=NoisyDeviceAccelerator()), saved)
 
 
 def test_an_accelerator_with_get_but_no_set_says_what_to_define() -> None:

@@ -17,9 +17,9 @@ from drivetrain.data.prepare import (
     skip_first_batches,
     uses_distributed_sampler,
 )
-from drivetrain.data.rng import RNG_TYPES, validate_rng_types
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder, epoch_seed
+from drivetrain.strategies.rng import RNG_TYPES, validate_rng_types
 
 __all__ = [
     "RNG_TYPES",

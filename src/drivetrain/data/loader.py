@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from drivetrain.data import rng, seeding
+from drivetrain.data import seeding
+from drivetrain.strategies import rng
 from drivetrain.strategies.strategy import Strategy
 
 
@@ -348,19 +349,14 @@ class PreparedDataLoader(DataLoader):
         sampler = self.sampler
         return sampler if isinstance(sampler, seeding.SeedableRandomSampler) else None
 
+    def _generators(self) -> dict[str, torch.Generator | None]:
+        return {"sampler": self._sampler_generator, "loader": self.generator}
+
     def _generator_states(self) -> dict[str, torch.Tensor]:
-        states = {}
-        if self._sampler_generator is not None:
-            states["sampler"] = self._sampler_generator.get_state()
-        if self.generator is not None:
-            states["loader"] = self.generator.get_state()
-        return states
+        return rng.capture(self._strategy, (), self._generators()).get("generators", {})
 
     def _set_generator_states(self, states: dict[str, torch.Tensor]) -> None:
-        if "sampler" in states and self._sampler_generator is not None:
-            self._sampler_generator.set_state(states["sampler"])
-        if "loader" in states and self.generator is not None:
-            self.generator.set_state(states["loader"])
+        rng.restore(self._strategy, {"generators": states}, self._generators())
 
 
 class _Position:

@@ -24,7 +24,6 @@ from torch.utils.data import (
 )
 
 from drivetrain._utilities.seed import worker_seeding_requested
-from drivetrain.data import rng
 from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import (
@@ -36,6 +35,7 @@ from drivetrain.data.loader import (
 )
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder
+from drivetrain.strategies import rng
 from drivetrain.strategies.strategy import Strategy
 
 _MAX_SEED = 2**63 - 1

@@ -147,8 +147,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         tp_plan: dict[str, Any] | None = None,
         debug: bool | None = None,
     ) -> None:
-        from drivetrain.data.rng import validate_rng_types
         from drivetrain.strategies.launchers.overrides import accelerate_variables
+        from drivetrain.strategies.rng import validate_rng_types
         from drivetrain.utils.configuration import check_flag
 
         settings.reject_plugins(deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)

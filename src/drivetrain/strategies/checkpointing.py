@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 from drivetrain._utilities import paths
 from drivetrain.plugins.io.atomic import resolve
 from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states, state_for_rank
+from drivetrain.strategies import rng
+from drivetrain.strategies.rng import state_for_rank
 
 if TYPE_CHECKING:
     from torch import nn
@@ -106,7 +107,7 @@ class LoadedCheckpoint:
 def capture_process_state(strategy: Strategy, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
     """This process's record: its random generators and the position of each prepared loader."""
     return {
-        "rng": capture_rng_states(strategy),
+        "rng": rng.capture(strategy),
         "dataloaders": [loader.state_dict() for loader in dataloaders],
     }
 
@@ -123,7 +124,7 @@ def restore_process_state(
         )
     for loader, position in zip(dataloaders, positions):
         loader.load_state_dict(position)
-    restore_rng_states(strategy, record["rng"])
+    rng.restore(strategy, record["rng"])
 
 
 # -- writing ---------------------------------------------------------------------------------------

@@ -1,17 +1,27 @@
-"""Every random generator of a process, captured for a checkpoint and restored on resume.
+"""Every random generator drivetrain touches: captured, restored and shared between processes.
 
-Both front doors save the same per-process record, made by :func:`capture_rng_states`:
+The one place that reads and sets generator states, for all three uses:
+
+* **checkpoints** (both front doors): every process's record, :func:`capture` / :func:`restore`;
+* **epoch starts**: a prepared loader gives every process rank 0's generators
+  (:func:`synchronize`, Accelerate's ``rng_types``), so a shuffling sampler makes one permutation;
+* **loader positions**: a prepared loader's own generators (its sampler's, its ``generator=``),
+  saved with its position (:func:`capture` with ``generators=``).
+
+One record schema serves them all; each use fills the keys it needs:
 
 * ``"python"``: Python's ``random`` module;
 * ``"numpy"``: NumPy's global generator (when NumPy is installed);
 * ``"torch"``: torch's CPU generator;
 * ``"device"``: the hardware's own generators, through the strategy's hardware
   :class:`~drivetrain.accelerators.Accelerator` hooks (``get_rng_state``/``set_rng_state``), with
-  the device type and accelerator they came from. Absent when the hardware has none (the CPU) or
-  has not started yet.
+  the device type and accelerator they came from; absent when the hardware has none (the CPU);
+* ``"generators"``: named ``torch.Generator`` objects (``{"sampler": …, "loader": …}``).
 
-Everything in it is plain tensors, numbers, strings, lists and dicts, so checkpoints load with
-``torch.load(weights_only=True)``.
+Restoring a ``"device"`` record on other hardware (saved on CUDA, resumed on the CPU) restores
+everything else and warns, wherever the record comes from. Everything in a record is plain
+tensors, numbers, strings, lists and dicts, so checkpoints load with ``torch.load(weights_only=True)``.
+Checkpoints written before this schema (a top-level ``"cuda"`` entry) still restore.
 
 Resuming on a different number of processes follows one policy, :func:`state_for_rank`: see
 ``docs/resuming.md``.
@@ -21,7 +31,8 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -33,47 +44,65 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: The process-wide generators a checkpoint records.
+PROCESS_GENERATORS = ("python", "numpy", "torch", "device")
+#: Accelerate's ``rng_types`` names: torch's global generator, a device's, and the data's own.
+RNG_TYPES = ("torch", "cuda", "xpu", "mps", "xla", "generator")
+_DEVICE_TYPES = ("cuda", "xpu", "mps", "xla")
 
-def capture_rng_states(strategy: Strategy) -> dict[str, Any]:
-    """This process's generator states (see the module docstring for the keys)."""
-    states: dict[str, Any] = {
-        "python": _python_state_to_plain(random.getstate()),
-        "torch": torch.get_rng_state(),
-    }
-    numpy_state = _numpy_state()
-    if numpy_state is not None:
-        states["numpy"] = numpy_state
-    accelerator = strategy.accelerator
-    device_state = accelerator.get_rng_state()
-    if device_state is not None:
-        states["device"] = {
-            "type": strategy.root_device.type,
-            "accelerator": type(accelerator).__name__,
-            "state": device_state,
-        }
-    return states
+Generators = Mapping[str, "torch.Generator | None"]
 
 
-def restore_rng_states(strategy: Strategy, states: dict[str, Any]) -> None:
-    """Put the generators back as :func:`capture_rng_states` found them; absent keys are left alone.
+# -- capture and restore ------------------------------------------------------------------------------
+def capture(
+    strategy: Strategy, kinds: Collection[str] = PROCESS_GENERATORS, generators: Generators | None = None
+) -> dict[str, Any]:
+    """The states of the process generators in ``kinds`` and of the named ``generators`` (``None`` ones skipped)."""
+    record: dict[str, Any] = {}
+    if "python" in kinds:
+        version, internal, gauss = random.getstate()
+        record["python"] = [version, list(internal), gauss]
+    if "numpy" in kinds:
+        numpy_state = _numpy_state()
+        if numpy_state is not None:
+            record["numpy"] = numpy_state
+    if "torch" in kinds:
+        record["torch"] = torch.get_rng_state()
+    if "device" in kinds:
+        accelerator = strategy.accelerator
+        device_state = accelerator.get_rng_state()
+        if device_state is not None:
+            record["device"] = {
+                "type": strategy.root_device.type,
+                "accelerator": type(accelerator).__name__,
+                "state": device_state,
+            }
+    if generators:
+        record["generators"] = {name: g.get_state() for name, g in generators.items() if g is not None}
+    return record
 
-    A device record from other hardware (saved on CUDA, resumed on the CPU) is not restored, with a
-    warning: the host generators are, so the run stays reproducible from here on.
-    """
-    if "python" in states:
-        random.setstate(_plain_to_python_state(states["python"]))
-    if "numpy" in states:
-        _set_numpy_state(states["numpy"])
-    if "torch" in states:
-        torch.set_rng_state(states["torch"])
-    device = states.get("device")
-    if device is None and "cuda" in states:  # checkpoints written before the accelerator hooks
-        device = {"type": "cuda", "accelerator": "CUDAAccelerator", "state": states["cuda"]}
+
+def restore(strategy: Strategy, record: Mapping[str, Any], generators: Generators | None = None) -> None:
+    """Put the generators back as :func:`capture` found them; keys absent from ``record`` are left alone."""
+    if "python" in record:
+        version, internal, gauss = record["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in record:
+        _set_numpy_state(record["numpy"])
+    if "torch" in record:
+        torch.set_rng_state(record["torch"])
+    device = record.get("device")
+    if device is None and "cuda" in record:  # checkpoints written before the accelerator hooks
+        device = {"type": "cuda", "accelerator": "CUDAAccelerator", "state": record["cuda"]}
     if device is not None:
         _restore_device(strategy, device)
+    for name, state in record.get("generators", {}).items():
+        generator = (generators or {}).get(name)
+        if generator is not None:
+            generator.set_state(state)
 
 
-def _restore_device(strategy: Strategy, device: dict[str, Any]) -> None:
+def _restore_device(strategy: Strategy, device: Mapping[str, Any]) -> None:
     accelerator = strategy.accelerator
     here = strategy.root_device.type
     cannot = None
@@ -93,6 +122,60 @@ def _restore_device(strategy: Strategy, device: dict[str, Any]) -> None:
     accelerator.set_rng_state(device["state"])
 
 
+# -- sharing rank 0's generators (Accelerate's rng_types) --------------------------------------------------
+def validate_rng_types(rng_types: Iterable[str | Enum] | None) -> tuple[str, ...]:
+    """The generator names in ``rng_types`` as strings (``None`` means only the data's generator).
+
+    Raises:
+        TypeError: ``rng_types`` is a single string rather than a list of them.
+        ValueError: a name that is not one of :data:`RNG_TYPES`.
+    """
+    if rng_types is None:
+        return ("generator",)
+    if isinstance(rng_types, (str, Enum)):
+        raise TypeError(
+            f"rng_types expects a list of generator names, got the single value {rng_types!r}. "
+            f"Write rng_types=[{_name(rng_types)!r}]."
+        )
+    names = tuple(_name(value) for value in rng_types)
+    unknown = [name for name in names if name not in RNG_TYPES]
+    if unknown:
+        raise ValueError(
+            f"rng_types={list(names)!r} names generator(s) drivetrain cannot synchronise: "
+            f"{', '.join(map(repr, unknown))}. Use any of {', '.join(map(repr, RNG_TYPES))}."
+        )
+    return names
+
+
+def _name(value: str | Enum) -> str:
+    return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+def unused_device_types(strategy: Strategy, rng_types: Sequence[str]) -> list[str]:
+    """The device generator names in ``rng_types`` that this strategy's hardware does not have."""
+    return [name for name in rng_types if name in _DEVICE_TYPES and name != strategy.root_device.type]
+
+
+def _kinds(strategy: Strategy, rng_types: Sequence[str]) -> tuple[str, ...]:
+    """``rng_types`` in the record's terms: ``"torch"``, and ``"device"`` for this hardware's own name."""
+    kinds = ("torch",) if "torch" in rng_types else ()
+    return kinds + (("device",) if strategy.root_device.type in rng_types else ())
+
+
+def synchronize(strategy: Strategy, rng_types: Sequence[str], generator: torch.Generator | None) -> None:
+    """Give every process rank 0's state of the generators in ``rng_types`` (a collective call).
+
+    ``"generator"`` stands for ``generator``; a device name for the strategy's hardware generators
+    when the strategy runs on that kind of device (other device names name nothing here).
+    """
+    if strategy.world_size == 1 or not rng_types:
+        return
+    generators = {"generator": generator} if "generator" in rng_types else None
+    record = capture(strategy, _kinds(strategy, rng_types), generators) if strategy.is_global_zero else None
+    restore(strategy, strategy.broadcast(record, src=0), generators)
+
+
+# -- resuming on another number of processes ------------------------------------------------------------
 def state_for_rank(saved: Sequence[T], rank: int, world_size: int, *, source: str) -> T:
     """The entry of the per-process list ``saved`` that process ``rank`` of ``world_size`` resumes with.
 
@@ -125,16 +208,7 @@ def state_for_rank(saved: Sequence[T], rank: int, world_size: int, *, source: st
     return saved[rank % saved_size]
 
 
-def _python_state_to_plain(state: tuple[Any, ...]) -> list[Any]:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _plain_to_python_state(state: list[Any]) -> tuple[Any, ...]:
-    version, internal, gauss = state
-    return version, tuple(internal), gauss
-
-
+# -- NumPy, when installed ------------------------------------------------------------------------------------
 def _numpy_state() -> dict[str, Any] | None:
     try:
         import numpy as np
@@ -150,7 +224,7 @@ def _numpy_state() -> dict[str, Any] | None:
     }
 
 
-def _set_numpy_state(state: dict[str, Any]) -> None:
+def _set_numpy_state(state: Mapping[str, Any]) -> None:
     try:
         import numpy as np
     except ImportError:

@@ -109,7 +109,7 @@ def synchronize_rng_states(rng_types: Any, generator: torch.Generator | None = N
     (``"cuda"``, ``"xpu"``, ``"mps"``, ``"xla"``, read through the hardware accelerator's RNG
     hooks). A collective call: every process must make it.
     """
-    from drivetrain.data import rng
+    from drivetrain.strategies import rng
 
     names = rng.validate_rng_types(rng_types)
     if "generator" in names and generator is None:

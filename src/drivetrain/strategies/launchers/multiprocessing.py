@@ -140,7 +140,7 @@ class MultiprocessingLauncher(Launcher):
                 os.getpid(),
                 # Every rank starts with this process's generators (a seed set before the launch
                 # holds in the ranks, as it does when the script is re-run); the device's start later.
-                {k: v for k, v in rng.capture_rng_states(strategy).items() if k != "device"},
+                {k: v for k, v in rng.capture(strategy).items() if k != "device"},
             ),
             nprocs=num_processes,
             join=False,
@@ -218,7 +218,7 @@ def _run_rank(
     strategy, function, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
     from drivetrain.strategies import rng
 
-    rng.restore_rng_states(strategy, rng_states)
+    rng.restore(strategy, rng_states)
     # The parent hosts the store, so every rank (rank 0 included) joins it as a client.
     strategy._rendezvous_store = dist.TCPStore(
         main_address, main_port, num_nodes * num_processes, is_master=False, timeout=strategy.timeout

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.strategies.rng import capture_rng_states, restore_rng_states
+from drivetrain.strategies import rng
 from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class TuningSession:
             copy.deepcopy(config.scheduler.state_dict()) for config in trainer._scheduler_configs
         ]
         self.precision = copy.deepcopy(trainer.strategy.precision.state_dict())
-        self.rng = capture_rng_states(trainer.strategy)
+        self.rng = rng.capture(trainer.strategy)
         data, metrics = trainer._data, trainer._metrics
         self.saved: dict[str, Any] = {
             "settings": trainer._settings,
@@ -77,7 +77,7 @@ class TuningSession:
         for config, state in zip(self.saved["schedulers"], self.schedulers):
             config.scheduler.load_state_dict(copy.deepcopy(state))
         trainer.strategy.precision.load_state_dict(copy.deepcopy(self.precision))
-        restore_rng_states(trainer.strategy, self.rng)
+        rng.restore(trainer.strategy, self.rng)
         saved = self.saved
         trainer._settings = saved["settings"]
         trainer._progress = saved["progress"]
