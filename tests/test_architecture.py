@@ -144,3 +144,29 @@ def test_generator_states_are_read_and_set_in_one_module() -> None:
     assert not offenders, "generator states handled outside drivetrain/strategies/rng.py:\n" + "\n".join(
         offenders
     )
+
+
+_FRONT_DOORS = ("trainer", "facade", "data")  # callbacks live in trainer/callbacks
+_CONCRETE = re.compile(
+    r"drivetrain\.strategies\.(ddp|fsdp\w*|deepspeed\w*|model_parallel|xla|single_xla|single_device|"
+    r"launchers\.multiprocessing|launchers\.subprocess_script)\b"
+    r"|\b(DDP|FSDP|DeepSpeed|XLA|SingleDeviceXLA|SingleDevice|ModelParallel)Strategy\b"
+    r"|\b(Multiprocessing|SubprocessScript)Launcher\b"
+)
+_SNIFFING = re.compile(r"sys\.modules|__(qual)?name__\s*(==|!=|in\b)")
+_STRING = re.compile(r"([\"'])(?:\\.|(?!\1).)*\1")
+
+
+def test_front_doors_and_callbacks_ask_capabilities_not_types() -> None:
+    """A new strategy works in both doors without an edit there: the doors read the strategy's declared
+    capabilities (strategies/capabilities.py), never its class, a class name or which modules are loaded."""
+    offenders = []
+    for package in _FRONT_DOORS:
+        for path in sorted((SOURCE / package).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if '__name__ == "__main__"' in line:
+                    continue
+                code = _STRING.sub('""', line).split("#", 1)[0]  # messages and comments may name strategies
+                if _CONCRETE.search(code) or _SNIFFING.search(code):
+                    offenders.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
+    assert not offenders, "type sniffing in a front door or callback:\n" + "\n".join(offenders)

@@ -238,7 +238,9 @@ def test_accumulation_scheduler_is_an_error_under_deepspeed() -> None:
     trainer = quiet_trainer(strategy="deepspeed", max_epochs=1)
     # The check runs in the callback's setup hook, before the model is set up. A whole DeepSpeed fit on
     # this CPU machine does not start within minutes, so the hook is called as the Trainer calls it.
-    with pytest.raises(ValueError, match="GradientAccumulationScheduler cannot be used with DeepSpeed"):
+    with pytest.raises(
+        ValueError, match="GradientAccumulationScheduler cannot be used with DeepSpeedStrategy"
+    ):
         GradientAccumulationScheduler({1: 2}).setup(trainer, Regression(), "fit")
 
 

@@ -224,16 +224,14 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     # -- processes ----------------------------------------------------------------------------
     def _start_processes(self) -> bool:
         """Join or start this run's processes; True when they must be started by :meth:`launch`."""
-        from drivetrain.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-
         strategy = self.strategy
         launcher = strategy.launcher
         environment = strategy.cluster_environment
         if launcher is None or (environment is not None and environment.creates_processes_externally):
             _set_up(self)
             return False
-        if isinstance(launcher, SubprocessScriptLauncher):
-            # Re-runs this script for ranks 1..N-1; this process continues as rank 0.
+        if not launcher.runs_in_spawned_processes:
+            # Starts the other ranks (the script launcher re-runs this script); this process continues as rank 0.
             launcher.launch(_set_up, self)
             return False
         return True
@@ -276,10 +274,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     def torch_device_mesh(self) -> Any:
         """The torch ``DeviceMesh`` of a ``parallelism_config`` run (see ``docs/model-parallel.md``
         for its dimensions; ``["tensor_parallel"]`` is the tensor-parallel mesh); else ``None``."""
-        from drivetrain.strategies.model_parallel import ModelParallelStrategy
-
-        strategy = self.strategy
-        return strategy.device_mesh if isinstance(strategy, ModelParallelStrategy) else None
+        return self.strategy.layout_mesh
 
     @property
     def distributed_type(self) -> DistributedType:

@@ -43,15 +43,14 @@ def distributed_type_of(strategy: Strategy, device: torch.device) -> Distributed
     """Accelerate's name for how ``strategy`` organises the processes."""
     from drivetrain.utils.configuration import DistributedType
 
-    names = {cls.__name__ for cls in type(strategy).__mro__}
-    for marker, kind in (
-        ("DeepSpeedStrategy", DistributedType.DEEPSPEED),
-        ("FSDPStrategy", DistributedType.FSDP),
-        ("XLAStrategy", DistributedType.XLA),
-        ("SingleDeviceXLAStrategy", DistributedType.XLA),  # Accelerate says XLA for one TPU core too
-    ):
-        if marker in names:
-            return kind
+    kind = {
+        "deepspeed": DistributedType.DEEPSPEED,
+        "fsdp": DistributedType.FSDP,
+        "model_parallel": DistributedType.FSDP,  # FSDP2 on the layout's data-parallel mesh
+        "xla": DistributedType.XLA,
+    }.get(strategy.kind)
+    if kind is not None:
+        return kind
     if strategy.world_size == 1:
         return DistributedType.NO
     return {

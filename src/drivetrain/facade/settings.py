@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.accelerators.cpu import CPUAccelerator
 from drivetrain.strategies.launchers.overrides import accumulation_steps
 from drivetrain.strategies.step_policy import check_accumulation_steps
 
@@ -153,7 +154,7 @@ def choose_accelerator(accelerator: Any, cpu: bool) -> Any:
         return accelerator
     if isinstance(accelerator, str) and accelerator in ("auto", "cpu"):
         return "cpu"
-    if type(accelerator).__name__ == "CPUAccelerator":
+    if isinstance(accelerator, CPUAccelerator):
         return accelerator
     raise ValueError(
         f"cpu=True asks for the CPU, but accelerator={accelerator!r} asks for other hardware. "
@@ -437,16 +438,9 @@ def dynamo_settings(
 def _compiles_under(strategy: Strategy) -> bool:
     """Whether ``prepare`` can compile the models ``strategy`` sets up (not DeepSpeed's engine, nor
     tensor-parallel layouts, which are untested with a compiled wrapper)."""
-    from drivetrain.strategies.fsdp import FSDPStrategy
-    from drivetrain.strategies.model_parallel import ModelParallelStrategy
-
-    if not strategy.requires_joint_setup:
-        return True
-    return isinstance(strategy, FSDPStrategy) and not isinstance(strategy, ModelParallelStrategy)
+    return strategy.compiles_models
 
 
 def _wraps_modules(strategy: Strategy) -> bool:
     """Whether ``prepare`` puts models in a wrapper of the strategy's (DDP) before compiling them."""
-    from drivetrain.strategies.ddp import DDPStrategy
-
-    return isinstance(strategy, DDPStrategy)
+    return strategy.wraps_models

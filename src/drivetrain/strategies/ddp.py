@@ -38,6 +38,9 @@ class DDPStrategy(ParallelStrategy):
     ``self.model`` and must leave the wrapped module there.
     """
 
+    kind = "ddp"
+    wraps_models = True
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -66,6 +66,10 @@ class DeepSpeedStrategy(ParallelStrategy):
             contradict the stage.
     """
 
+    kind = "deepspeed"
+    owns_accumulation = True
+    compiles_models = False  # the engine is not compiled from outside
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

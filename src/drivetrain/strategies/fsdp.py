@@ -76,6 +76,8 @@ class FSDPStrategy(ParallelStrategy):
         ValueError/TypeError: for arguments outside the documented values.
     """
 
+    kind = "fsdp"
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

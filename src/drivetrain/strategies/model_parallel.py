@@ -87,6 +87,9 @@ class ModelParallelStrategy(FSDPStrategy):
             not multiplying to the world size, ``cp`` off CUDA) when the strategy is connected.
     """
 
+    kind = "model_parallel"
+    compiles_models = False  # tensor-parallel layouts are untested under a compiled wrapper
+
     def __init__(
         self,
         data_parallel_size: int | str = AUTO,
@@ -175,6 +178,11 @@ class ModelParallelStrategy(FSDPStrategy):
                 "connected (Trainer(...), Accelerator(...) or drivetrain.connect(...))."
             )
         return self._layout
+
+    @property
+    def layout_mesh(self) -> Any:
+        """:attr:`device_mesh`: the layout's named mesh (see :class:`~drivetrain.strategies.capabilities.StrategyCapabilities`)."""
+        return self.device_mesh
 
     @property
     def device_mesh(self) -> Any:

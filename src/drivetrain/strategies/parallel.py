@@ -85,6 +85,8 @@ class ParallelStrategy(Strategy):
     Subclasses may override :meth:`set_world_ranks` and :meth:`release_communication_state`.
     """
 
+    kind = "parallel"
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         sync_renamed_hooks(cls, _RENAMED_HOOKS)

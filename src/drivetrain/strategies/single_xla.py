@@ -34,6 +34,8 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         debug: turn on ``torch_xla``'s debug output (``PT_XLA_DEBUG_LEVEL``) for this run.
     """
 
+    kind = "xla"  # Accelerate says XLA for one TPU core too
+
     def __init__(
         self,
         device: torch.device | str | int | None = None,

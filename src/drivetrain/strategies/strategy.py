@@ -22,6 +22,7 @@ from torch.optim import Optimizer
 from drivetrain._utilities.apply import device_mover, move_to_device
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
 from drivetrain.plugins.precision.precision import Precision
+from drivetrain.strategies.capabilities import StrategyCapabilities
 from drivetrain.strategies.module_init import skip_parameter_init
 from drivetrain.strategies.state_dicts import checkpoint_into_state, read_through, state_to_checkpoint
 from drivetrain.strategies.step_policy import (
@@ -43,8 +44,11 @@ M = TypeVar("M", bound=nn.Module)
 REDUCE_OPS = ("sum", "mean", "max", "min", "product")
 
 
-class Strategy:
+class Strategy(StrategyCapabilities):
     """Base class of every strategy; on its own it runs one process on one device.
+
+    What it can do (``kind``, ``owns_accumulation``, ``requires_joint_setup`` …) is declared in
+    :class:`~drivetrain.strategies.capabilities.StrategyCapabilities`, which the front doors read.
 
     Args:
         accelerator: the hardware plugin (set by :func:`drivetrain.connect` when omitted).
@@ -447,31 +451,6 @@ class Strategy:
         self, checkpoint: dict[str, Any], state: dict[str, Any], strict: bool
     ) -> dict[str, Any]:
         return checkpoint_into_state(self, checkpoint, state, strict)
-
-    @property
-    def requires_joint_setup(self) -> bool:
-        """Whether modules and their optimizers must be set up together (DeepSpeed, FSDP).
-
-        Front doors then call :meth:`setup_module_and_optimizers` with both, and the strategy
-        re-points the optimizers at the parameters it created.
-        """
-        return False
-
-    @property
-    def supports_inference_mode(self) -> bool:
-        """Whether evaluation may run under ``torch.inference_mode`` (else ``torch.no_grad``).
-
-        Tensors created under inference mode can never again be updated in place outside it. A
-        strategy that creates tensors during a forward pass and keeps them for later ones (FSDP's
-        unsharded parameter buffers) must say ``False``, or training after an evaluation fails.
-        """
-        return True
-
-    @property
-    def forward_is_collective(self) -> bool:
-        """Whether every forward pass of the set-up model talks to the other processes (sharded
-        parameters gathered for it), so all processes must run the same number of forwards."""
-        return False
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None

@@ -39,6 +39,8 @@ class XLAStrategy(ParallelStrategy):
         debug: turn on ``torch_xla``'s debug output (``PT_XLA_DEBUG_LEVEL``) in the worker processes.
     """
 
+    kind = "xla"
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

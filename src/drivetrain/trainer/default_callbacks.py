@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from drivetrain._utilities.log import get_logger
@@ -87,8 +86,9 @@ def configure_callbacks(
 
 def _summary_kind(callbacks: list[Callback]) -> type:
     """The default summary: drawn with rich next to a rich progress bar (as Lightning does), else plain."""
-    rich_bars = sys.modules.get("drivetrain.trainer.callbacks.rich_progress")  # unloaded: no rich bar given
-    if rich_bars is not None and any(isinstance(cb, rich_bars.RichProgressBar) for cb in callbacks):
+    from drivetrain.trainer.callbacks.progress import ProgressBar
+
+    if any(isinstance(cb, ProgressBar) and cb.summary_style == "rich" for cb in callbacks):
         from drivetrain.trainer.callbacks.rich_summary import RichModelSummary
 
         return RichModelSummary

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
 from drivetrain.trainer.state import TrainerFn
 
 if TYPE_CHECKING:
@@ -20,7 +19,8 @@ if TYPE_CHECKING:
 def stage_output(trainer: Trainer, fn: TrainerFn, results: Any) -> dict[str, Any]:
     """The entry point's result and, when the parent is not a rank, the state it needs (called on every rank)."""
     output: dict[str, Any] = {"results": results}
-    if not isinstance(trainer.strategy.launcher, MultiprocessingLauncher):
+    launcher = trainer.strategy.launcher
+    if launcher is None or not launcher.runs_in_spawned_processes:
         return output  # the caller's process ran this itself: its objects are already up to date
     if fn == TrainerFn.FITTING:
         # Every rank takes part (sharded strategies gather); rank 0's copy goes back.

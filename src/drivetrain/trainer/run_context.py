@@ -84,9 +84,7 @@ def compiled_forward(module: torch.nn.Module, compiler: Any) -> Iterator[None]:
 
 def release_strategy(strategy: Strategy) -> None:
     """What the strategy holds for an entry point that has ended, released in this process."""
-    from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
-
-    if isinstance(strategy.launcher, MultiprocessingLauncher):
+    if strategy.launcher is not None and strategy.launcher.runs_in_spawned_processes:
         strategy.teardown()  # this process is a spawned rank, and ends with the entry point
         return
     # This process goes on with the script: its next entry point (fit, then test) and calls such as

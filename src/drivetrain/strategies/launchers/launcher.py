@@ -10,6 +10,10 @@ from typing import Any
 class Launcher(ABC):
     """Starts the processes of a job and runs a function in them."""
 
+    #: The function runs only in processes this launcher starts (``torch.multiprocessing``), never in
+    #: the caller's: what the ranks change (weights, progress, metrics) must be sent back to it.
+    runs_in_spawned_processes: bool = False
+
     @property
     @abstractmethod
     def is_interactive_compatible(self) -> bool:

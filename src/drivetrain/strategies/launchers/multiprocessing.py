@@ -44,6 +44,8 @@ class MultiprocessingLauncher(Launcher):
         start_method: ``"spawn"`` (pickles the function and its arguments), ``"fork"`` or ``"forkserver"``.
     """
 
+    runs_in_spawned_processes = True
+
     def __init__(self, strategy: ParallelStrategy, start_method: str = "spawn") -> None:
         if start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"start_method={start_method!r}; use 'spawn', 'fork' or 'forkserver'.")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from drivetrain.trainer.callbacks.callback import Callback
 
@@ -74,11 +73,11 @@ class GradientAccumulationScheduler(Callback):
         if stage != "fit":
             return
         # Checked before the model is set up, so a wrong combination fails in seconds.
-        if _is_deepspeed(trainer.strategy):
+        if trainer.strategy.owns_accumulation:
             raise ValueError(
-                "GradientAccumulationScheduler cannot be used with DeepSpeed: its engine fixes the accumulation "
-                "(gradient_accumulation_steps in the DeepSpeed config) for the whole run. Set it there, or use "
-                "another strategy (ddp, fsdp) to schedule accumulation."
+                f"GradientAccumulationScheduler cannot be used with {type(trainer.strategy).__name__}: its engine "
+                f"fixes the accumulation for the whole run (DeepSpeed: gradient_accumulation_steps in its config). "
+                f"Set it there, or use another strategy (ddp, fsdp) to schedule accumulation."
             )
         if not pl_module.automatic_optimization and self.going_to_accumulate_grad_batches():
             raise ValueError(
@@ -115,8 +114,3 @@ class GradientAccumulationScheduler(Callback):
 
     def __repr__(self) -> str:
         return f"GradientAccumulationScheduler(scheduling={self.scheduling})"
-
-
-def _is_deepspeed(strategy: Any) -> bool:
-    module = sys.modules.get("drivetrain.strategies.deepspeed")  # unloaded: no DeepSpeed strategy exists
-    return module is not None and isinstance(strategy, module.DeepSpeedStrategy)

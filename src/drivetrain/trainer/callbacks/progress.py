@@ -31,6 +31,9 @@ class ProgressBar(Callback):
     """Base class for progress bars; the Trainer adds a :class:`TQDMProgressBar` unless one is given."""
 
     _enabled = True
+    #: The model summary the Trainer adds by default next to this bar: ``"plain"`` or ``"rich"``
+    #: (:class:`~drivetrain.trainer.callbacks.RichModelSummary`, as Lightning pairs it with its rich bar).
+    summary_style = "plain"
 
     def enable(self) -> None:
         self._enabled = True

@@ -77,6 +77,8 @@ class RichProgressBar(StageBars):
         >>> trainer = Trainer(callbacks=[bar])  # doctest: +SKIP
     """
 
+    summary_style = "rich"
+
     def __init__(
         self,
         refresh_rate: int | None = None,

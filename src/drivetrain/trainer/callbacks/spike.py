@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -107,9 +106,9 @@ class SpikeDetection(Callback):
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if stage != "fit" or self.action != "skip":
             return
-        if _is_deepspeed(trainer.strategy) or trainer.scaler is not None:
+        if trainer.strategy.owns_accumulation or trainer.scaler is not None:
             what = (
-                "DeepSpeed's engine"
+                f"{type(trainer.strategy).__name__}'s engine"
                 if trainer.scaler is None
                 else f"precision={trainer.precision!r} (a loss scaler)"
             )
@@ -187,8 +186,3 @@ class SpikeDetection(Callback):
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "skip_batches.json"), "w") as file:
             json.dump([spike["batch_idx"] for spike in self.spikes], file, indent=4)
-
-
-def _is_deepspeed(strategy: Any) -> bool:
-    module = sys.modules.get("drivetrain.strategies.deepspeed")  # unloaded: no DeepSpeed strategy exists
-    return module is not None and isinstance(strategy, module.DeepSpeedStrategy)

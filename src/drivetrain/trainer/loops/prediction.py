@@ -14,12 +14,12 @@ process's predictions with their items (:attr:`PredictionLoop.predictions`,
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
+from drivetrain.trainer.callbacks.prediction_writer import BasePredictionWriter
 from drivetrain.trainer.loops.evaluation import (
     enter_eval_mode,
     grad_context,
@@ -123,10 +123,7 @@ class PredictionLoop:
 
 
 def _writes_per_epoch(callbacks: list[Any]) -> bool:
-    writers = sys.modules.get("drivetrain.trainer.callbacks.prediction_writer")  # unloaded: no writer given
-    if writers is None:
-        return False
-    return any(isinstance(cb, writers.BasePredictionWriter) and cb.interval.on_epoch for cb in callbacks)
+    return any(isinstance(cb, BasePredictionWriter) and cb.interval.on_epoch for cb in callbacks)
 
 
 class _IndexRecorder:

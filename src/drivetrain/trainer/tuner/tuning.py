@@ -163,10 +163,9 @@ class Tuner:
         datamodule: DataModule | None,
     ) -> None:
         """One fit that ends after ``on_fit_start`` (where ``finder`` searches), with only ``finder`` as callback."""
-        from drivetrain.strategies.launchers.multiprocessing import MultiprocessingLauncher
-
         trainer = self._trainer
-        if isinstance(trainer.strategy.launcher, MultiprocessingLauncher):
+        launcher = trainer.strategy.launcher
+        if launcher is not None and launcher.runs_in_spawned_processes:
             raise ValueError(
                 f"The Tuner runs its search in the processes that {type(trainer.strategy).__name__} starts with "
                 f"torch.multiprocessing, so its result could not come back to this one. Tune with strategy='ddp' "
