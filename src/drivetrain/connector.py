@@ -523,12 +523,7 @@ def fit_auto_strategy(strategy: Strategy, module: nn.Module) -> tuple[Strategy, 
     assert isinstance(strategy, DDPStrategy)
     sharded = FSDPStrategy(
         checkpoint_io=strategy.given_plugins().get("checkpoint_io"),
-        num_nodes=strategy.num_nodes,
-        start_method=strategy.start_method,
-        process_group_backend=strategy.process_group_backend,
-        timeout=strategy.timeout,
-        stall_timeout=strategy.stall_timeout,
-        debug_collectives=strategy.debug_collectives,
+        **strategy.process_group_options.as_arguments(),
     )
     sharded.connect_plugins(
         accelerator=strategy.accelerator,

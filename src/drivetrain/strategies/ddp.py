@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import weakref
 from collections.abc import Iterator, Sequence
@@ -14,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
-from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from drivetrain.strategies.parallel import ParallelStrategy
+from drivetrain.strategies.process_group_options import split_process_group_arguments
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -28,11 +27,11 @@ class DDPStrategy(ParallelStrategy):
     """Wrap the model in :class:`~torch.nn.parallel.DistributedDataParallel`.
 
     Args:
-        start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
-            torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
-            ``torch.multiprocessing`` and run a function in each.
-        **ddp_kwargs: passed to ``DistributedDataParallel`` (``static_graph=True``,
-            ``find_unused_parameters=True`` …); unknown names are an error.
+        **kwargs: the process-group settings of every parallel strategy (``num_nodes``,
+            ``start_method``, ``timeout`` …: :class:`~drivetrain.strategies.process_group_options.ProcessGroupArguments`;
+            ``start_method="popen"``, the default, re-runs the script once per extra local rank as
+            torchrun would), and anything else for ``DistributedDataParallel``
+            (``static_graph=True``, ``find_unused_parameters=True`` …); unknown names are an error.
 
     Override :meth:`configure_ddp` to wrap the model differently; it finds the module in
     ``self.model`` and must leave the wrapped module there.
@@ -50,14 +49,9 @@ class DDPStrategy(ParallelStrategy):
         precision: Precision | None = None,
         *,
         precision_plugin: Precision | None = None,
-        num_nodes: int = 1,
-        start_method: str = "popen",
-        process_group_backend: str | None = None,
-        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
-        stall_timeout: float | None = STALL_TIMEOUT,
-        debug_collectives: bool = False,
-        **ddp_kwargs: Any,
+        **kwargs: Any,
     ) -> None:
+        options, ddp_kwargs = split_process_group_arguments(kwargs)
         super().__init__(
             accelerator,
             parallel_devices,
@@ -65,12 +59,7 @@ class DDPStrategy(ParallelStrategy):
             checkpoint_io,
             precision,
             precision_plugin=precision_plugin,
-            num_nodes=num_nodes,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            stall_timeout=stall_timeout,
-            debug_collectives=debug_collectives,
+            **options,
         )
         unknown = sorted(set(ddp_kwargs) - _ddp_parameters())
         if unknown:

@@ -14,14 +14,13 @@ before a parser sees it. ``docs/sharded-training.md`` is the user guide.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import Tensor, nn
@@ -30,8 +29,8 @@ from torch.optim import Optimizer
 from drivetrain._utilities.imports import require
 from drivetrain.plugins.precision.deepspeed import DeepSpeedPrecision
 from drivetrain.strategies import deepspeed_config as cfg
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
-from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from drivetrain.strategies.parallel import ParallelStrategy
+from drivetrain.strategies.process_group_options import ProcessGroupArguments
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -58,7 +57,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         offload_device: ``"cpu"`` or ``"nvme"`` (then ``nvme_path`` is required).
         gradient_clipping: clip the gradient norm to this inside ``engine.step`` (DeepSpeed's own clipping).
         logging_level: level for DeepSpeed's logger (it is chatty at INFO).
-        start_method: how drivetrain starts the processes, as for :class:`~drivetrain.strategies.DDPStrategy`.
+        **options: the process-group settings of every parallel strategy (``num_nodes``, ``start_method``,
+            ``timeout`` …): :class:`~drivetrain.strategies.process_group_options.ProcessGroupArguments`.
 
     Raises:
         drivetrain._utilities.imports.MissingDependencyError: ``deepspeed`` is not installed.
@@ -87,12 +87,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         precision_plugin: Precision | None = None,
-        num_nodes: int = 1,
-        start_method: str = "popen",
-        process_group_backend: str | None = None,
-        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
-        stall_timeout: float | None = STALL_TIMEOUT,
-        debug_collectives: bool = False,
+        **options: Unpack[ProcessGroupArguments],
     ) -> None:
         require("deepspeed", extra="deepspeed", feature=_FEATURE)
         super().__init__(
@@ -102,12 +97,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             checkpoint_io,
             precision,
             precision_plugin=precision_plugin,
-            num_nodes=num_nodes,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            stall_timeout=stall_timeout,
-            debug_collectives=debug_collectives,
+            **options,
         )
         cfg.check_arguments(
             stage=stage,

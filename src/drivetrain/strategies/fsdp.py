@@ -15,19 +15,17 @@ Example::
 
 from __future__ import annotations
 
-import datetime
 import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
 from drivetrain.strategies.consolidate import consolidate_checkpoint
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -39,7 +37,8 @@ from drivetrain.strategies.fsdp_wrap import (
     repoint_optimizers,
     shard_module,
 )
-from drivetrain.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from drivetrain.strategies.parallel import ParallelStrategy
+from drivetrain.strategies.process_group_options import ProcessGroupArguments
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -70,7 +69,8 @@ class FSDPStrategy(ParallelStrategy):
             precision (see :mod:`drivetrain.plugins.precision.fsdp`).
         state_dict_type: ``"sharded"`` (default): :meth:`save_state` writes a directory in which
             each rank writes its own shards; ``"full"``: rank 0 gathers everything into one file.
-        start_method: how drivetrain starts the processes, as for :class:`~drivetrain.strategies.DDPStrategy`.
+        **options: the process-group settings of every parallel strategy (``num_nodes``, ``start_method``,
+            ``timeout`` …): :class:`~drivetrain.strategies.process_group_options.ProcessGroupArguments`.
 
     Raises:
         ValueError/TypeError: for arguments outside the documented values.
@@ -93,12 +93,7 @@ class FSDPStrategy(ParallelStrategy):
         reshard_after_forward: bool | int = True,
         mixed_precision: Any | None = None,
         state_dict_type: str = "sharded",
-        num_nodes: int = 1,
-        start_method: str = "popen",
-        process_group_backend: str | None = None,
-        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
-        stall_timeout: float | None = STALL_TIMEOUT,
-        debug_collectives: bool = False,
+        **options: Unpack[ProcessGroupArguments],
     ) -> None:
         super().__init__(
             accelerator,
@@ -107,12 +102,7 @@ class FSDPStrategy(ParallelStrategy):
             checkpoint_io,
             precision,
             precision_plugin=precision_plugin,
-            num_nodes=num_nodes,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            stall_timeout=stall_timeout,
-            debug_collectives=debug_collectives,
+            **options,
         )
         if state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(

@@ -29,15 +29,13 @@ Example (Trainer, as in Lightning)::
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import nn
 
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT
 from drivetrain.strategies.fsdp import FSDPStrategy
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -47,7 +45,7 @@ from drivetrain.strategies.fsdp_wrap import (
     shard_module,
 )
 from drivetrain.strategies.layout import AUTO, ParallelLayout
-from drivetrain.strategies.parallel import DEFAULT_TIMEOUT
+from drivetrain.strategies.process_group_options import ProcessGroupArguments
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator
@@ -108,12 +106,7 @@ class ModelParallelStrategy(FSDPStrategy):
         activation_checkpointing_policy: ModulePolicy | None = None,
         reshard_after_forward: bool | int = True,
         mixed_precision: Any | None = None,
-        num_nodes: int = 1,
-        start_method: str = "popen",
-        process_group_backend: str | None = None,
-        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
-        stall_timeout: float | None = STALL_TIMEOUT,
-        debug_collectives: bool = False,
+        **options: Unpack[ProcessGroupArguments],
     ) -> None:
         if not isinstance(save_distributed_checkpoint, bool):
             raise TypeError(
@@ -131,12 +124,7 @@ class ModelParallelStrategy(FSDPStrategy):
             reshard_after_forward=reshard_after_forward,
             mixed_precision=mixed_precision,
             state_dict_type="sharded" if save_distributed_checkpoint else "full",
-            num_nodes=num_nodes,
-            start_method=start_method,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            stall_timeout=stall_timeout,
-            debug_collectives=debug_collectives,
+            **options,
         )
         # None: Lightning's "auto" for both sizes, resolved once the devices and nodes are known.
         self._requested: ParallelLayout | None = None

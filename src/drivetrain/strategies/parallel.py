@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from drivetrain._utilities.renamed import sync_renamed_hooks
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT, CollectiveMonitor
+from drivetrain.strategies.collective_monitor import CollectiveMonitor
 from drivetrain.strategies.collectives import (
     all_gather_checked,
     all_gather_objects,
@@ -26,11 +27,14 @@ from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.preemption import Preempted, PreemptionWatch
 from drivetrain.strategies.process_group import (
     EXIT_WAIT_SECONDS,
-    as_timedelta,
     crashed,
     leave_at_exit_later,
     open_rendezvous_store,
     wait_for_peers_through_store,
+)
+from drivetrain.strategies.process_group_options import (
+    ProcessGroupArguments,
+    ProcessGroupOptions,
 )
 from drivetrain.strategies.rank_failures import (
     is_lost_peer,
@@ -48,10 +52,6 @@ if TYPE_CHECKING:
     from drivetrain.plugins.precision.precision import Precision
     from drivetrain.strategies.launchers.launcher import Launcher
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-
-#: How a job's processes are started when drivetrain starts them.
-START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 # Hooks that were private at first; subclasses overriding the old names keep working, with a warning.
 _RENAMED_HOOKS = {
@@ -66,21 +66,11 @@ class ParallelStrategy(Strategy):
     Args:
         parallel_devices: one device per local process (set by :func:`drivetrain.connect`).
         cluster_environment: where ranks and the rendezvous address come from.
-        num_nodes: how many nodes take part.
-        process_group_backend: ``"gloo"``, ``"nccl"`` …; by default chosen from the device.
-        timeout: how long a collective may wait for the other ranks (``timedelta`` or seconds); the
-            backend's own limit, for every collective.
-        stall_timeout: seconds after which a collective that waits for ranks which are elsewhere
-            and make no progress becomes an error naming every rank's place (``None``: no limit
-            but ``timeout``). Ranks waiting in different collectives are an error within seconds
-            regardless. See :mod:`drivetrain.strategies.collective_monitor`.
-        debug_collectives: before every collective, check through the rendezvous store that all
-            ranks call the same one with tensors of the same shapes and dtypes, and raise
-            :class:`~drivetrain.strategies.collective_errors.CollectiveMismatchError` if not
-            (costs a store round trip per collective).
-        start_method: ``"popen"`` re-runs the script once per extra local rank (the default, as
-            torchrun would); ``"spawn"``, ``"fork"`` and ``"forkserver"`` start processes with
-            ``torch.multiprocessing`` and run a function in each.
+        **options: the process-group settings every parallel strategy takes (``num_nodes``,
+            ``start_method``, ``process_group_backend``, ``timeout``, ``stall_timeout``,
+            ``debug_collectives``): see :class:`~drivetrain.strategies.process_group_options.ProcessGroupArguments`.
+            ``stall_timeout`` and ``debug_collectives`` are explained in
+            :mod:`drivetrain.strategies.collective_monitor`.
 
     Subclasses may override :meth:`set_world_ranks` and :meth:`release_communication_state`.
     """
@@ -100,37 +90,13 @@ class ParallelStrategy(Strategy):
         precision: Precision | None = None,
         *,
         precision_plugin: Precision | None = None,
-        num_nodes: int = 1,
-        process_group_backend: str | None = None,
-        timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-        stall_timeout: float | None = STALL_TIMEOUT,
-        debug_collectives: bool = False,
+        **options: Unpack[ProcessGroupArguments],
     ) -> None:
         super().__init__(accelerator, checkpoint_io, precision, precision_plugin=precision_plugin)
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-            raise ValueError(f"num_nodes must be an int >= 1, got {num_nodes!r}.")
-        if stall_timeout is not None and (
-            isinstance(stall_timeout, bool)
-            or not isinstance(stall_timeout, (int, float))
-            or stall_timeout <= 0
-        ):
-            raise ValueError(
-                f"stall_timeout must be a positive number of seconds, or None for no limit, got {stall_timeout!r}."
-            )
-        if not isinstance(debug_collectives, bool):
-            raise TypeError(f"debug_collectives must be True or False, got {debug_collectives!r}.")
-        if start_method not in START_METHODS:
-            raise ValueError(
-                f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}."
-            )
-        self._start_method = start_method
+        self._options = ProcessGroupOptions.from_arguments(type(self).__name__, options)
         self._launcher: Launcher | None = None
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
         self._cluster_environment = cluster_environment
-        self._num_nodes = num_nodes
-        self._process_group_backend = process_group_backend
-        self._timeout = as_timedelta(timeout)
         self._owns_process_group = False
         # The rendezvous store: handed over by a launcher of this process (see launchers/), or joined
         # (hosted, on rank 0) by setup_process_group.
@@ -140,8 +106,6 @@ class ParallelStrategy(Strategy):
         self._watches = 0  # preemption watches made: each run's keys in the store are its own
         # The error this rank is leaving with (see on_exception): no collective is entered after it.
         self._failure: BaseException | None = None
-        self._stall_timeout = stall_timeout
-        self._debug_collectives = debug_collectives
         self._monitor = CollectiveMonitor(None, "", 0, 1)  # replaced by a live one with the process group
 
     def given_plugins(self) -> dict[str, Any]:
@@ -171,7 +135,7 @@ class ParallelStrategy(Strategy):
             self._parallel_devices = list(parallel_devices)
         if self._cluster_environment is None:
             self._cluster_environment = cluster_environment
-        self._num_nodes = num_nodes
+        self._options = dataclasses.replace(self._options, num_nodes=num_nodes)
         self.set_world_ranks()
 
     # -- where this process stands --------------------------------------------------------
@@ -193,18 +157,23 @@ class ParallelStrategy(Strategy):
         return self._parallel_devices
 
     @property
+    def process_group_options(self) -> ProcessGroupOptions:
+        """How this strategy's processes start and join their group (given as keyword arguments)."""
+        return self._options
+
+    @property
     def start_method(self) -> str:
-        return self._start_method
+        return self._options.start_method
 
     @property
     def launcher(self) -> Launcher | None:
         if self._launcher is None:
             from drivetrain.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
 
-            if self._start_method == "popen":
+            if self.start_method == "popen":
                 self._launcher = SubprocessScriptLauncher(self)
             else:
-                self._launcher = MultiprocessingLauncher(self, start_method=self._start_method)
+                self._launcher = MultiprocessingLauncher(self, start_method=self.start_method)
         return self._launcher
 
     @property
@@ -214,7 +183,7 @@ class ParallelStrategy(Strategy):
 
     @property
     def num_nodes(self) -> int:
-        return self._num_nodes
+        return self._options.num_nodes
 
     @property
     def global_rank(self) -> int:
@@ -242,11 +211,11 @@ class ParallelStrategy(Strategy):
 
     @property
     def process_group_backend(self) -> str:
-        return self._process_group_backend or process_group_backend_for(self.root_device)
+        return self._options.process_group_backend or process_group_backend_for(self.root_device)
 
     @property
     def timeout(self) -> datetime.timedelta:
-        return self._timeout
+        return self._options.timeout
 
     def set_world_ranks(self) -> None:
         """Tell the cluster environment the world size and this process's global rank.
@@ -284,14 +253,14 @@ class ParallelStrategy(Strategy):
             "backend": self.process_group_backend,
             "world_size": self.world_size,
             "rank": self.global_rank,
-            "timeout": self._timeout,
+            "timeout": self.timeout,
         }
         if self.root_device.type == "cuda":
             kwargs["device_id"] = self.root_device  # eager NCCL init: failures surface here, not mid-step
         if self._rendezvous_store is None:
             # Kept across teardown() so a later setup (fit, then test) finds the same rendezvous.
             self._rendezvous_store = open_rendezvous_store(
-                environment, self.global_rank, self.world_size, self.num_nodes, self._timeout
+                environment, self.global_rank, self.world_size, self.num_nodes, self.timeout
             )
         # Each setup gets fresh keys: a second group must not read the first one's addresses.
         self._setups += 1
@@ -305,8 +274,8 @@ class ParallelStrategy(Strategy):
             f"{environment.rendezvous_namespace()}/{self._setups}",
             self.global_rank,
             self.world_size,
-            debug=self._debug_collectives,
-            stall_timeout=self._stall_timeout,
+            debug=self.debug_collectives,
+            stall_timeout=self.stall_timeout,
             on_stuck=self._end_stuck_rank,
         )
         self._monitor.start()
@@ -360,11 +329,11 @@ class ParallelStrategy(Strategy):
 
     @property
     def stall_timeout(self) -> float | None:
-        return self._stall_timeout
+        return self._options.stall_timeout
 
     @property
     def debug_collectives(self) -> bool:
-        return self._debug_collectives
+        return self._options.debug_collectives
 
     @debug_collectives.setter
     def debug_collectives(self, value: bool) -> None:
@@ -378,7 +347,7 @@ class ParallelStrategy(Strategy):
                 f"process group, and this {type(self).__name__} joined a group set up elsewhere. Turn debug mode on "
                 f"for the first Accelerator of the process (Accelerator(debug=True), or ACCELERATE_DEBUG_MODE=1)."
             )
-        self._debug_collectives = value
+        self._options = dataclasses.replace(self._options, debug_collectives=value)
         monitor.debug = value and monitor.store is not None and monitor.world_size > 1
 
     def _collective(self, operation: str, payload: Any, function: Callable[..., Any], *args: Any) -> Any:
@@ -503,6 +472,6 @@ class ParallelStrategy(Strategy):
     def __repr__(self) -> str:
         devices = self._parallel_devices if self._parallel_devices is not None else "unset"
         return (
-            f"{type(self).__name__}(devices={devices}, num_nodes={self._num_nodes}, "
+            f"{type(self).__name__}(devices={devices}, num_nodes={self.num_nodes}, "
             f"precision={self._precision!r})"
         )
