@@ -10,7 +10,7 @@ PyTorchJob) or drivetrain's own launcher also has ``LOCAL_RANK`` and is handled 
 from __future__ import annotations
 
 from drivetrain.plugins.environments import _environ as env
-from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
 _WHO = "KubeflowEnvironment"
 _REQUIRED = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
@@ -18,13 +18,10 @@ _REQUIRED = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RAN
 _EXCLUDED = ("LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
 
 
-class KubeflowEnvironment(ClusterEnvironment):
+class KubeflowEnvironment(LaunchedEnvironment):
     """One process per pod of a Kubeflow ``PyTorchJob``: each pod is a node of one process."""
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always true: the operator started one process per pod."""
-        return True
+    who = _WHO
 
     @property
     def main_address(self) -> str:
@@ -41,41 +38,15 @@ class KubeflowEnvironment(ClusterEnvironment):
         """True in a PyTorchJob pod whose process no per-node launcher started."""
         return all(env.is_set(name) for name in _REQUIRED) and not any(env.is_set(name) for name in _EXCLUDED)
 
-    def world_size(self) -> int:
-        """``WORLD_SIZE`` (the number of pods)."""
-        return env.require_int("WORLD_SIZE", who=_WHO, minimum=1)
-
-    def set_world_size(self, size: int) -> None:
-        """Accept ``size`` only if it equals ``WORLD_SIZE``; otherwise ``ValueError``."""
-        env.check_world_size_arg(size)
-        actual = self.world_size()
-        env.check_fixed(
-            "world size",
-            size,
-            actual,
-            source=f"WORLD_SIZE={actual}, set by the PyTorchJob operator",
-            fix="Change the job's replica counts instead.",
+    def layout_variables(self) -> LayoutVariables:
+        return LayoutVariables(
+            world_size="WORLD_SIZE",
+            global_rank="RANK",
+            local_rank=None,  # one process per pod
+            set_by=", set by the PyTorchJob operator",
+            world_size_fix="Change the job's replica counts instead.",
+            rank_fix="Ranks in a PyTorchJob are assigned by the operator; do not set them.",
         )
-
-    def global_rank(self) -> int:
-        """``RANK`` (the pod's index)."""
-        return env.require_int("RANK", who=_WHO)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Accept ``rank`` only if it equals ``RANK``; otherwise ``ValueError``."""
-        env.check_rank_arg(rank)
-        actual = self.global_rank()
-        env.check_fixed(
-            "global rank",
-            rank,
-            actual,
-            source=f"RANK={actual}, set by the PyTorchJob operator",
-            fix="Ranks in a PyTorchJob are assigned by the operator; do not set them.",
-        )
-
-    def local_rank(self) -> int:
-        """Always 0: one process per pod."""
-        return 0
 
     def node_rank(self) -> int:
         """``RANK``: each pod counts as one node."""

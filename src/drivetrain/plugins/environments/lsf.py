@@ -18,7 +18,7 @@ import ipaddress
 import socket
 
 from drivetrain.plugins.environments import _environ as env
-from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
 _WHO = "LSFEnvironment"
 
@@ -93,8 +93,10 @@ def _assigned_here(address: str) -> bool:
     return True
 
 
-class LSFEnvironment(ClusterEnvironment):
+class LSFEnvironment(LaunchedEnvironment):
     """Reads the layout ``jsrun`` announced, and the job's hosts from LSF."""
+
+    who = _WHO
 
     def compute_hosts(self) -> list[str]:
         """The hosts that run ranks, in LSF's order, without the launch node.
@@ -120,11 +122,6 @@ class LSFEnvironment(ClusterEnvironment):
         return hosts
 
     @property
-    def creates_processes_externally(self) -> bool:
-        """Always true: ``jsrun`` started the processes."""
-        return True
-
-    @property
     def main_address(self) -> str:
         """``MASTER_ADDR`` when set, else the first compute host."""
         return env.get_str("MASTER_ADDR") or self.compute_hosts()[0]
@@ -144,41 +141,15 @@ class LSFEnvironment(ClusterEnvironment):
         has_hosts = env.is_set("LSB_DJOB_RANKFILE") or env.is_set("LSB_MCPU_HOSTS")
         return has_hosts and all(env.is_set(name) for name in required)
 
-    def world_size(self) -> int:
-        """``JSM_NAMESPACE_SIZE``."""
-        return env.require_int("JSM_NAMESPACE_SIZE", who=_WHO, minimum=1)
-
-    def set_world_size(self, size: int) -> None:
-        """Accept ``size`` only if it equals ``JSM_NAMESPACE_SIZE``; otherwise ``ValueError``."""
-        env.check_world_size_arg(size)
-        actual = self.world_size()
-        env.check_fixed(
-            "world size",
-            size,
-            actual,
-            source=f"JSM_NAMESPACE_SIZE={actual}, set by jsrun",
-            fix="Change jsrun's resource sets (-n/-r) instead.",
+    def layout_variables(self) -> LayoutVariables:
+        return LayoutVariables(
+            world_size="JSM_NAMESPACE_SIZE",
+            global_rank="JSM_NAMESPACE_RANK",
+            local_rank="JSM_NAMESPACE_LOCAL_RANK",
+            set_by=", set by jsrun",
+            world_size_fix="Change jsrun's resource sets (-n/-r) instead.",
+            rank_fix="Ranks under jsrun are assigned by jsrun; do not set them.",
         )
-
-    def global_rank(self) -> int:
-        """``JSM_NAMESPACE_RANK``."""
-        return env.require_int("JSM_NAMESPACE_RANK", who=_WHO)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Accept ``rank`` only if it equals ``JSM_NAMESPACE_RANK``; otherwise ``ValueError``."""
-        env.check_rank_arg(rank)
-        actual = self.global_rank()
-        env.check_fixed(
-            "global rank",
-            rank,
-            actual,
-            source=f"JSM_NAMESPACE_RANK={actual}, set by jsrun",
-            fix="Ranks under jsrun are assigned by jsrun; do not set them.",
-        )
-
-    def local_rank(self) -> int:
-        """``JSM_NAMESPACE_LOCAL_RANK``."""
-        return env.require_int("JSM_NAMESPACE_LOCAL_RANK", who=_WHO)
 
     def node_rank(self) -> int:
         """The index of this host among the compute hosts.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 
 from drivetrain.plugins.environments import _environ as env
-from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
 _WHO = "MPIEnvironment"
 _OPEN_MPI = {
@@ -54,17 +54,14 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class MPIEnvironment(ClusterEnvironment):
+class MPIEnvironment(LaunchedEnvironment):
     """Reads the layout an MPI launcher announced and agrees on a rendezvous address."""
+
+    who = _WHO
 
     def __init__(self) -> None:
         self._rendezvous: tuple[str, int] | None = None
         self._rendezvous_resolved = False
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always true: the MPI launcher started the processes."""
-        return True
 
     @property
     def main_address(self) -> str:
@@ -118,41 +115,17 @@ class MPIEnvironment(ClusterEnvironment):
         """True when Open MPI's or Hydra's (MPICH, Intel MPI) size and rank variables are set."""
         return any(env.is_set(names["size"]) and env.is_set(names["rank"]) for names in (_OPEN_MPI, _HYDRA))
 
-    def world_size(self) -> int:
-        """``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE``."""
-        return env.require_int(_names()["size"], who=_WHO, minimum=1)
-
-    def set_world_size(self, size: int) -> None:
-        """Accept ``size`` only if it equals the launcher's world size; otherwise ``ValueError``."""
-        env.check_world_size_arg(size)
-        actual = self.world_size()
-        env.check_fixed(
-            "world size",
-            size,
-            actual,
-            source=f"{_names()['size']}={actual}, set by mpirun",
-            fix=f"Relaunch with `mpirun -n {size}`.",
+    def layout_variables(self) -> LayoutVariables:
+        """Open MPI's ``OMPI_COMM_WORLD_*`` or Hydra's (MPICH, Intel MPI) ``PMI_*`` variables."""
+        names = _names()
+        return LayoutVariables(
+            world_size=names["size"],
+            global_rank=names["rank"],
+            local_rank=names["local_rank"],
+            set_by=", set by mpirun",
+            world_size_fix="Relaunch with `mpirun -n {size}`.",
+            rank_fix="Ranks under MPI are assigned by the launcher; do not set them.",
         )
-
-    def global_rank(self) -> int:
-        """``OMPI_COMM_WORLD_RANK`` or ``PMI_RANK``."""
-        return env.require_int(_names()["rank"], who=_WHO)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Accept ``rank`` only if it equals the launcher's rank; otherwise ``ValueError``."""
-        env.check_rank_arg(rank)
-        actual = self.global_rank()
-        env.check_fixed(
-            "global rank",
-            rank,
-            actual,
-            source=f"{_names()['rank']}={actual}, set by mpirun",
-            fix="Ranks under MPI are assigned by the launcher; do not set them.",
-        )
-
-    def local_rank(self) -> int:
-        """``OMPI_COMM_WORLD_LOCAL_RANK`` or ``MPI_LOCALRANKID``."""
-        return env.require_int(_names()["local_rank"], who=_WHO)
 
     def local_size(self) -> int | None:
         """The number of this job's processes on this node, or ``None`` when the launcher does not say."""

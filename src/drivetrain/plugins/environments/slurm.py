@@ -24,7 +24,7 @@ import subprocess
 
 from drivetrain.plugins.environments import _environ as env
 from drivetrain.plugins.environments._hostlist import expand_hostlist, expand_tasks_per_node
-from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
 _WHO = "SLURMEnvironment"
 _INTERACTIVE_JOB_NAMES = frozenset({"bash", "interactive"})
@@ -42,7 +42,7 @@ def _first_set(names: tuple[str, ...]) -> tuple[str, str] | None:
     return None
 
 
-class SLURMEnvironment(ClusterEnvironment):
+class SLURMEnvironment(LaunchedEnvironment):
     """Reads the job layout SLURM announced to each ``srun`` task.
 
     Args:
@@ -53,6 +53,8 @@ class SLURMEnvironment(ClusterEnvironment):
             signals the batch shell only, which does not reach the tasks).
         requeue_signal: the signal SLURM is configured to send (``SIGUSR1`` by default).
     """
+
+    who = _WHO
 
     def __init__(self, auto_requeue: bool = True, requeue_signal: int | None = None) -> None:
         if not isinstance(auto_requeue, bool):
@@ -97,11 +99,6 @@ class SLURMEnvironment(ClusterEnvironment):
             )
 
     @property
-    def creates_processes_externally(self) -> bool:
-        """Always true: ``srun`` started the tasks."""
-        return True
-
-    @property
     def main_address(self) -> str:
         """``MASTER_ADDR`` when set, else the first host of the step's (or job's) node list."""
         address = env.get_str("MASTER_ADDR")
@@ -141,41 +138,15 @@ class SLURMEnvironment(ClusterEnvironment):
             return False
         return env.get_str("SLURM_JOB_NAME") not in _INTERACTIVE_JOB_NAMES
 
-    def world_size(self) -> int:
-        """``SLURM_NTASKS``."""
-        return env.require_int("SLURM_NTASKS", who=_WHO, minimum=1)
-
-    def set_world_size(self, size: int) -> None:
-        """Accept ``size`` only if it equals ``SLURM_NTASKS``; otherwise ``ValueError``."""
-        env.check_world_size_arg(size)
-        actual = self.world_size()
-        env.check_fixed(
-            "world size",
-            size,
-            actual,
-            source=f"SLURM_NTASKS={actual}",
-            fix="Change #SBATCH --nodes / --ntasks-per-node so they multiply to it.",
+    def layout_variables(self) -> LayoutVariables:
+        return LayoutVariables(
+            world_size="SLURM_NTASKS",
+            global_rank="SLURM_PROCID",
+            local_rank="SLURM_LOCALID",
+            set_by="",
+            world_size_fix="Change #SBATCH --nodes / --ntasks-per-node so they multiply to it.",
+            rank_fix="Ranks under srun are assigned by SLURM; do not set them.",
         )
-
-    def global_rank(self) -> int:
-        """``SLURM_PROCID``."""
-        return env.require_int("SLURM_PROCID", who=_WHO)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Accept ``rank`` only if it equals ``SLURM_PROCID``; otherwise ``ValueError``."""
-        env.check_rank_arg(rank)
-        actual = self.global_rank()
-        env.check_fixed(
-            "global rank",
-            rank,
-            actual,
-            source=f"SLURM_PROCID={actual}",
-            fix="Ranks under srun are assigned by SLURM; do not set them.",
-        )
-
-    def local_rank(self) -> int:
-        """``SLURM_LOCALID``."""
-        return env.require_int("SLURM_LOCALID", who=_WHO)
 
     def node_rank(self) -> int:
         """``SLURM_NODEID``."""

@@ -16,18 +16,15 @@ from __future__ import annotations
 import os
 
 from drivetrain.plugins.environments import _environ as env
-from drivetrain.plugins.environments.cluster_environment import ClusterEnvironment
+from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
 _WHO = "TorchElasticEnvironment (torchrun)"
 
 
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(LaunchedEnvironment):
     """Reads the job layout torchrun announced; nothing here can change it."""
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always true: torchrun started the processes."""
-        return True
+    who = _WHO
 
     @property
     def main_address(self) -> str:
@@ -77,41 +74,15 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """True under torchrun (``TORCHELASTIC_RUN_ID`` is set)."""
         return env.is_set("TORCHELASTIC_RUN_ID")
 
-    def world_size(self) -> int:
-        """``WORLD_SIZE``."""
-        return env.require_int("WORLD_SIZE", who=_WHO, minimum=1)
-
-    def set_world_size(self, size: int) -> None:
-        """Accept ``size`` only if it equals torchrun's ``WORLD_SIZE``; otherwise ``ValueError``."""
-        env.check_world_size_arg(size)
-        actual = self.world_size()
-        env.check_fixed(
-            "world size",
-            size,
-            actual,
-            source=f"WORLD_SIZE={actual}, set by torchrun",
-            fix="Relaunch torchrun with --nnodes and --nproc-per-node that multiply to it.",
+    def layout_variables(self) -> LayoutVariables:
+        return LayoutVariables(
+            world_size="WORLD_SIZE",
+            global_rank="RANK",
+            local_rank="LOCAL_RANK",
+            set_by=", set by torchrun",
+            world_size_fix="Relaunch torchrun with --nnodes and --nproc-per-node that multiply to it.",
+            rank_fix="Ranks under torchrun are assigned by torchrun; do not set them.",
         )
-
-    def global_rank(self) -> int:
-        """``RANK``."""
-        return env.require_int("RANK", who=_WHO)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Accept ``rank`` only if it equals torchrun's ``RANK``; otherwise ``ValueError``."""
-        env.check_rank_arg(rank)
-        actual = self.global_rank()
-        env.check_fixed(
-            "global rank",
-            rank,
-            actual,
-            source=f"RANK={actual}, set by torchrun",
-            fix="Ranks under torchrun are assigned by torchrun; do not set them.",
-        )
-
-    def local_rank(self) -> int:
-        """``LOCAL_RANK``."""
-        return env.require_int("LOCAL_RANK", who=_WHO)
 
     def node_rank(self) -> int:
         """``GROUP_RANK`` (torchrun's name for the node's rank)."""
