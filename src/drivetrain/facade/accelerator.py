@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
@@ -33,9 +32,8 @@ from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.step_policy import (
     check_accumulation_steps,
     check_clip_value,
-    clip_grad_norm,
     clip_gradients,
-    nonfinite_norm_is_error,
+    unscale_and_clip,
 )
 from drivetrain.utils import current
 
@@ -452,15 +450,11 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             assert norm is not None
             return norm
         self._check_clip_target("clip_grad_norm_")
-        self.unscale_gradients()
-        precision = self.strategy.precision
-        return clip_grad_norm(
-            params,
-            max_norm,
-            norm_type,
-            error_if_nonfinite=nonfinite_norm_is_error(precision),
-            precision_name=precision.name,
+        norm = unscale_and_clip(
+            self.strategy.precision, self._all_optimizers(), params, max_norm, "norm", norm_type
         )
+        assert norm is not None
+        return norm
 
     def clip_grad_value_(self, parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
         """Clip every gradient to ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
@@ -471,8 +465,10 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             clip_gradients(self.strategy, model, owner.optimizer, clip_value, "value")
             return
         self._check_clip_target("clip_grad_value_")
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(params, clip_value)
+        unscale_and_clip(self.strategy.precision, self._all_optimizers(), params, clip_value, "value")
+
+    def _all_optimizers(self) -> list[Optimizer]:
+        return [optimizer.optimizer for optimizer in self._optimizers]
 
     def _optimizer_of(self, params: list[Tensor]) -> tuple[PreparedOptimizer | None, nn.Module | None]:
         """The prepared optimizer of exactly ``params``, and its model, so the strategy can clip."""

@@ -157,6 +157,33 @@ def clip_grad_norm(
     return total
 
 
+def unscale_and_clip(
+    precision: Precision,
+    optimizers: Iterable[Optimizer],
+    parameters: Iterable[Tensor],
+    value: float,
+    algorithm: str = "norm",
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool | None = None,
+) -> Tensor | None:
+    """The one unscale-then-clip: divide ``optimizers``' gradients by the loss scale, then clip ``parameters``'.
+
+    ``error_if_nonfinite=None`` follows the precision (an inf/NaN norm raises unless its loss scaler
+    skips such steps). Returns the total norm before clipping for ``"norm"``, ``None`` for ``"value"``.
+    Strategies clip an optimizer's parameters through it; ``Accelerator.clip_grad_norm_`` any others.
+    """
+    for optimizer in optimizers:
+        precision.unscale_gradients(optimizer)
+    if algorithm == "value":
+        torch.nn.utils.clip_grad_value_([p for p in parameters if p.grad is not None], value)
+        return None
+    if error_if_nonfinite is None:
+        error_if_nonfinite = nonfinite_norm_is_error(precision)
+    return clip_grad_norm(
+        parameters, value, norm_type, error_if_nonfinite=error_if_nonfinite, precision_name=precision.name
+    )
+
+
 def clip_gradients(
     strategy: Strategy,
     module: nn.Module,

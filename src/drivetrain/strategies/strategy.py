@@ -27,9 +27,8 @@ from drivetrain.strategies.module_init import skip_parameter_init
 from drivetrain.strategies.state_dicts import checkpoint_into_state, read_through, state_to_checkpoint
 from drivetrain.strategies.step_policy import (
     StepFunctions,
-    clip_grad_norm,
-    nonfinite_norm_is_error,
     step_functions_for,
+    unscale_and_clip,
 )
 
 if TYPE_CHECKING:
@@ -346,21 +345,16 @@ class Strategy(StrategyCapabilities):
         :mod:`drivetrain.strategies.step_policy`).
         """
         precision = self.precision
-        precision.unscale_gradients(optimizer)
-        if error_if_nonfinite is None:
-            error_if_nonfinite = nonfinite_norm_is_error(precision)
-        return clip_grad_norm(
-            precision.main_params(optimizer),
-            max_norm,
-            norm_type,
-            error_if_nonfinite=error_if_nonfinite,
-            precision_name=precision.name,
+        parameters = precision.main_params(optimizer)
+        norm = unscale_and_clip(
+            precision, [optimizer], parameters, max_norm, "norm", norm_type, error_if_nonfinite
         )
+        assert norm is not None
+        return norm
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
-        self.precision.unscale_gradients(optimizer)
-        parameters = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
-        torch.nn.utils.clip_grad_value_(parameters, clip_val)
+        precision = self.precision
+        unscale_and_clip(precision, [optimizer], precision.main_params(optimizer), clip_val, "value")
 
     # -- collectives (identities on one process) ----------------------------------------------
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
