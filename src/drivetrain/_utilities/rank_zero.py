@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -40,16 +39,3 @@ def rank_zero_only(function: F) -> F:
         return None
 
     return wrapped  # type: ignore[return-value]
-
-
-def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 2) -> None:
-    if global_rank() == 0:
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
-
-
-def rank_zero_print(*args: Any, **kwargs: Any) -> None:
-    """``print`` (same arguments) on global rank 0, above any progress bar."""
-    if global_rank() == 0:
-        from drivetrain._utilities import console
-
-        console.print_line(*args, **kwargs)

@@ -132,14 +132,6 @@ def read_failures(store: Any, namespace: str) -> list[FailureRecord]:
     return records
 
 
-def first_failure(records: Iterable[FailureRecord], exclude_rank: int | None = None) -> FailureRecord | None:
-    """The root cause among ``records``: the first primary failure, else the first one at all."""
-    candidates = [r for r in records if r.rank != exclude_rank]
-    primary = [r for r in candidates if not r.secondary]
-    chosen = primary or candidates
-    return min(chosen, key=lambda r: r.order) if chosen else None
-
-
 def root_cause(
     records: Iterable[FailureRecord],
     ended: Iterable[tuple[int, int]] = (),

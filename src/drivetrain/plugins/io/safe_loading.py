@@ -117,15 +117,6 @@ def check_torch_file(path: str | os.PathLike[str], storage_options: Any | None =
         )
 
 
-def is_intact_torch_file(path: str | os.PathLike[str]) -> bool:
-    """Whether :func:`check_torch_file` accepts ``path`` (``False`` for a missing path too)."""
-    try:
-        check_torch_file(path)
-    except (DamagedCheckpointError, OSError):
-        return False
-    return True
-
-
 def load_torch_file(
     path: str | os.PathLike[str], map_location: Any | None = None, *, weights_only: bool = True
 ) -> Any:
