@@ -85,7 +85,7 @@ def test_limit_and_validation_schedule() -> None:
     class Recorder(Callback):
         def on_validation_start(self, trainer: dt.Trainer, pl_module: Any) -> None:
             if not trainer.sanity_checking:
-                seen.append((trainer.current_epoch, trainer._progress.batches_done))
+                seen.append((trainer.current_epoch, trainer.fit_progress.batches_done))
 
     trainer = quiet_trainer(
         max_epochs=4,

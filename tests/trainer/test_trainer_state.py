@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import csv
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +16,95 @@ from drivetrain.loggers import CSVLogger
 from drivetrain.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
-CALLBACKS = Path(dt.__file__).parent / "trainer" / "callbacks"
-
 
 class TwoLoaders(Regression):
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         super().validation_step(batch, batch_idx)
 
 
-def test_built_in_callbacks_use_only_the_public_trainer_state() -> None:
-    """No built-in callback reads ``trainer._x``: what they need is public, so users' callbacks have it too."""
-    reaches: list[str] = []
-    for path in sorted(CALLBACKS.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("trainer", "_trainer")
-            ):
-                reaches.append(f"{path.name}:{node.lineno} trainer.{node.attr}")
-    assert reaches == []
+_OWN = {
+    str(Path(dt.__file__).parent / "trainer" / "trainer.py"),
+    str(Path(dt.__file__).parent / "trainer" / "properties.py"),
+}
+
+
+class _Watched(dt.Trainer):
+    """A Trainer that records every read of a private attribute from code outside the Trainer class's own files."""
+
+    reaches: set[str]
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_") and not name.startswith("__"):
+            caller = sys._getframe(1)
+            where = caller.f_code.co_filename
+            if where not in _OWN and where.startswith(str(Path(dt.__file__).parent)):
+                object.__getattribute__(self, "reaches").add(
+                    f"{Path(where).name}:{caller.f_lineno} trainer.{name}"
+                )
+        return super().__getattribute__(name)
+
+
+def test_nothing_outside_the_trainer_reads_its_private_attributes(tmp_path: Path) -> None:
+    """The loops, checkpointing, the tuner and every built-in callback get what they need from the run state or the
+    public properties: checked on a live Trainer through fit (with validation, checkpoints, early stopping, an LR
+    search and logging), resume, validate, test and predict, whatever the variable holding the Trainer is called."""
+    from drivetrain.trainer.callbacks import (
+        LearningRateFinder,
+        LearningRateMonitor,
+        ModelSummary,
+        Timer,
+        TQDMProgressBar,
+    )
+
+    def trainer(**kwargs: Any) -> _Watched:
+        made = _Watched(
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=tmp_path,
+            logger=CSVLogger(tmp_path),
+            log_every_n_steps=1,
+            num_sanity_val_steps=1,
+            **kwargs,
+        )
+        made.reaches = set()
+        return made
+
+    data, val = loader(regression_data(32), batch_size=2), loader(regression_data(16, seed=1))
+    callbacks = [
+        ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor="val_loss", save_last=True),
+        EarlyStopping(monitor="val_loss", patience=5),
+        LearningRateMonitor(),
+        Timer(),
+        ModelSummary(),
+        TQDMProgressBar(),
+        LearningRateFinder(min_lr=1e-4, max_lr=1e-2, num_training_steps=16),
+    ]
+    first = trainer(max_epochs=2, callbacks=callbacks)
+    torch.manual_seed(0)
+    module = Regression()
+    first.fit(module, data, val)
+    resumed = trainer(
+        max_epochs=3, callbacks=[ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)]
+    )
+    resumed.fit(module, data, val, ckpt_path="last")
+    resumed.validate(module, val, verbose=False)
+    resumed.test(module, loader(regression_data(8)), verbose=False)
+    resumed.predict(module, loader(regression_data(8)))
+    assert first.global_step > 0 and resumed.current_epoch == 3
+    assert sorted(first.reaches | resumed.reaches) == []
+
+
+def test_the_reach_detector_sees_a_private_read() -> None:
+    """The detector above is live: a read of ``trainer._run`` from drivetrain's code outside the Trainer is caught."""
+    from drivetrain.trainer import run_state as module
+
+    watched = _Watched(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    watched.reaches = set()
+    code = compile("def reach(trainer):\n    return trainer._run\n", module.__file__, "exec")
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    namespace["reach"](watched)
+    assert watched.reaches == {"run_state.py:2 trainer._run"}
 
 
 class Recorder(Callback):

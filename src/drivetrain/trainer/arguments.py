@@ -25,6 +25,10 @@ class RunFeatures:
     sync_batchnorm: bool
     reload_dataloaders_every_n_epochs: int
     profiler: Profiler | None
+    deterministic: bool | str | None = None
+    benchmark: bool | None = None
+    use_distributed_sampler: bool = True
+    detect_anomaly: bool = False
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -94,8 +98,13 @@ def resolve_features(
     profiler: Any,
     limit_train_batches: Any,
     limit_val_batches: Any,
+    deterministic: Any = None,
+    benchmark: Any = None,
+    use_distributed_sampler: Any = True,
+    detect_anomaly: Any = False,
 ) -> RunFeatures:
     """Check the feature arguments (``barebones`` already applied by :func:`apply_barebones`)."""
+    check_run_flags(deterministic, benchmark, use_distributed_sampler, detect_anomaly)
     overfit = _overfit(overfit_batches)
     if overfit:
         overridden = [
@@ -123,6 +132,10 @@ def resolve_features(
         sync_batchnorm=_flag("sync_batchnorm", sync_batchnorm),
         reload_dataloaders_every_n_epochs=reload,
         profiler=resolve_profiler(profiler),
+        deterministic=deterministic,
+        benchmark=benchmark,
+        use_distributed_sampler=use_distributed_sampler,
+        detect_anomaly=detect_anomaly,
     )
 
 

@@ -21,12 +21,15 @@ from drivetrain.strategies.checkpointing import (
     TrainingObjects,
     checkpoint_entries,
     read_checkpoint,
+    restore_process_state,
     write_checkpoint,
 )
+from drivetrain.trainer.hooks import hook_runner
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 _log = get_logger(__name__)
@@ -121,35 +124,42 @@ def _earlier_run(checkpoints: list[Any]) -> str | None:
     return max(found, key=paths.modified) if found else None
 
 
-def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+def checkpoint_state(trainer: Trainer, run: RunState, weights_only: bool = False) -> dict[str, Any]:
     """The live state to save (called on every rank: gathering the generators is a collective)."""
-    progress = trainer._progress
-    state = checkpoint_entries(trainer.strategy, _objects(trainer), door="trainer", weights_only=weights_only)
+    progress = run.progress
+    state = checkpoint_entries(trainer.strategy, _objects(run), door="trainer", weights_only=weights_only)
     state["epoch"] = progress.epoch
     state["global_step"] = progress.global_step
-    state["hyper_parameters"] = hyperparameters_for_checkpoint(trainer._module.hparams)
+    state["hyper_parameters"] = hyperparameters_for_checkpoint(run.module.hparams)
     if not weights_only:
-        state["loops"] = {"fit": progress.state_dict(), "should_stop": trainer.should_stop}
+        state["loops"] = {"fit": progress.state_dict(), "should_stop": run.should_stop}
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
-        state["results"] = trainer._train_results.state_dict() if trainer._train_results is not None else {}
+        state["results"] = run.train_results.state_dict() if run.train_results is not None else {}
         datamodule = trainer.datamodule
         if datamodule is not None:
             state["datamodule"] = datamodule.state_dict()
-    trainer._hook_runner().call("on_save_checkpoint", state)
+    if run.hooks is None:  # saving after an entry point ended in a process that never resolved hooks
+        run.hooks = hook_runner(trainer, run)
+    run.hooks.call("on_save_checkpoint", state)
     return state
 
 
 def save_checkpoint(
-    trainer: Trainer, path: str | Path, weights_only: bool = False, storage_options: Any | None = None
+    trainer: Trainer,
+    run: RunState,
+    path: str | Path,
+    weights_only: bool = False,
+    storage_options: Any | None = None,
 ) -> None:
-    write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, weights_only), storage_options)
+    write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, run, weights_only), storage_options)
 
 
-def restore_training_state(trainer: Trainer, path: str | Path) -> None:
-    """Load everything a resumed fit needs; the generators are restored later, when the loop starts."""
-    if not trainer._module.strict_loading:
+def restore_training_state(trainer: Trainer, run: RunState, path: str | Path) -> None:
+    """Load everything a resumed fit needs; the generators are restored later, when the loop starts
+    (:func:`restore_generators`)."""
+    if not run.module.strict_loading:
         raise ValueError(
-            f"{type(trainer._module).__name__}.strict_loading is False, but resuming fit(ckpt_path='{path}') needs "
+            f"{type(run.module).__name__}.strict_loading is False, but resuming fit(ckpt_path='{path}') needs "
             f"the checkpoint's weights to match the model exactly (with the optimizer states that belong to them). "
             f"Load differing weights with load_from_checkpoint(..., strict=False) and start a new fit, or set "
             f"strict_loading = True."
@@ -159,11 +169,11 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
         loaded = read_checkpoint(
             trainer.strategy,
             path,
-            _objects(trainer),
+            _objects(run),
             # Callbacks first (door entries are restored before the optimizers): BaseFinetuning re-creates
             # the parameter groups it had added, which the optimizers' saved states include.
             {"callbacks": callbacks, "loops": None},
-            weights_only=trainer._ckpt_weights_only,
+            weights_only=run.ckpt_weights_only,
             opt_out=_opt_out(trainer),
             translate=_translator(trainer, path, training=True),
         )
@@ -171,36 +181,43 @@ def restore_training_state(trainer: Trainer, path: str | Path) -> None:
         raise ValueError(
             f"Cannot resume training from '{path}': {error.args[0]} A checkpoint saved with weights_only=True (or by "
             f"another program) holds no training state; load its weights with "
-            f"{type(trainer._module).__name__}.load_from_checkpoint, or start a new fit."
+            f"{type(run.module).__name__}.load_from_checkpoint, or start a new fit."
         ) from None
     loops, rest = loaded.entries["loops"], loaded.rest
-    trainer._progress.load_state_dict(loops.get("fit", {}))
-    trainer.should_stop = bool(loops.get("should_stop", False))
-    if trainer._train_results is not None and rest.get("results"):
-        trainer._train_results.load_state_dict(rest["results"])
+    run.progress.load_state_dict(loops.get("fit", {}))
+    run.should_stop = bool(loops.get("should_stop", False))
+    if run.train_results is not None and rest.get("results"):
+        run.train_results.load_state_dict(rest["results"])
     datamodule = trainer.datamodule
     if datamodule is not None and "datamodule" in rest:
         datamodule.load_state_dict(rest["datamodule"])
-    trainer._pending_process = loaded.process
+    run.pending_process = loaded.process
     if loaded.process is not None:
-        _restore_training_position(trainer, loaded.process)
-    trainer._restored = True
-    trainer._hooks.call("on_load_checkpoint", {**rest, **loaded.entries, "callbacks": callbacks.saved})
+        _restore_training_position(run, loaded.process)
+    run.restored = True
+    run.hooks.call("on_load_checkpoint", {**rest, **loaded.entries, "callbacks": callbacks.saved})
 
 
-def restore_weights(trainer: Trainer, path: str | Path) -> None:
+def restore_generators(trainer: Trainer, run: RunState) -> None:
+    """Put back the random generators of a resumed fit (once the loop starts: the sanity check draws none of them)."""
+    if run.pending_process is not None:
+        restore_process_state(trainer.strategy, run.pending_process)
+        run.pending_process = None
+
+
+def restore_weights(trainer: Trainer, run: RunState, path: str | Path) -> None:
     """Load only the module's weights (for validate/test/predict with ``ckpt_path``)."""
     loaded = read_checkpoint(
         trainer.strategy,
         path,
-        TrainingObjects(models=[trainer._model]),
-        weights_only=trainer._ckpt_weights_only,
+        TrainingObjects(models=[run.model]),
+        weights_only=run.ckpt_weights_only,
         opt_out=_opt_out(trainer),
         models_only=True,
-        strict=trainer._module.strict_loading,
+        strict=run.module.strict_loading,
         translate=_translator(trainer, path, training=False),
     )
-    trainer._hooks.call("on_load_checkpoint", loaded.rest)
+    run.hooks.call("on_load_checkpoint", loaded.rest)
 
 
 class _CallbackStates:
@@ -220,15 +237,15 @@ class _CallbackStates:
                 callback.load_state_dict(saved[callback.state_key])
 
 
-def _restore_training_position(trainer: Trainer, process: dict[str, Any]) -> None:
+def _restore_training_position(run: RunState, process: dict[str, Any]) -> None:
     """Make the training loader continue the epoch where the loop left it, in the same order.
 
     The loader takes its seeds and generator states from this process's record; the position is
     the loop's count, which the loader converts when the number of processes changed (see
     ``docs/resuming.md``). The generators are restored later, when the fit loop starts.
     """
-    progress = trainer._progress
-    loader = trainer._data.train_loader
+    progress = run.progress
+    loader = run.data.train_loader
     saved = (process.get("dataloaders") or [{}])[0]
     mid_epoch = not progress.epoch_finished and progress.batches_done > 0
     loader.load_state_dict(
@@ -258,14 +275,15 @@ def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
     return translate
 
 
-def _objects(trainer: Trainer) -> TrainingObjects:
+def _objects(run: RunState) -> TrainingObjects:
     # No set-up model in a process that launched the ranks (ddp_spawn): its module holds their weights.
-    model = trainer._model if trainer._model is not None else trainer._module
+    model = run.model if run.model is not None else run.module
+    loader = run.data.train_loader
     return TrainingObjects(
         models=[model],
-        optimizers=trainer._optimizers,
-        schedulers=[config.scheduler for config in trainer._scheduler_configs],
-        dataloaders=[trainer._data.train_loader] if trainer._data.train_loader is not None else [],
+        optimizers=run.optimizers,
+        schedulers=[config.scheduler for config in run.scheduler_configs],
+        dataloaders=[loader] if loader is not None else [],
     )
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
+from drivetrain._utilities.snapshots import Restorable
 from drivetrain.data import PassThroughBatches, PreparedDataLoader, can_prepare, prepare_data_loader
 from drivetrain.data.loader import loader_settings
 from drivetrain.trainer.datamodule import DataModule
@@ -29,6 +30,7 @@ from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 _STEP_FOR = {
@@ -46,13 +48,15 @@ _LIMIT_FOR = {
 }
 
 
-class DataConnector:
+class DataConnector(Restorable):
     """The loaders of the current entry point, as this process sees them."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, run: RunState) -> None:
         self.trainer = trainer
+        self.run_state = run
         self.datamodule: DataModule | None = None
-        self._given: dict[str, Any] = {}
+        #: The loaders the entry point was given by name (``"train"``, ``"val"`` …).
+        self.given: dict[str, Any] = {}
         self.train_loader: Any = None
         self.num_training_batches: float = 0.0
         self.validation_enabled = False
@@ -70,14 +74,14 @@ class DataConnector:
                 f"already provides the loaders."
             )
         self.datamodule = datamodule
-        self._given = given
+        self.given = given
 
     def prepare_data(self, stage: str) -> None:
         """``prepare_data`` of the DataModule and the module once per node, then the DataModule's ``setup``."""
         from drivetrain.trainer.module import TrainingModule
 
         trainer, datamodule = self.trainer, self.datamodule
-        module = trainer._module
+        module = self.run_state.module
         module_prepares = overrides(module, TrainingModule, "prepare_data")
         if datamodule is None and not module_prepares:
             return
@@ -93,13 +97,13 @@ class DataConnector:
     # -- resolving -----------------------------------------------------------------------------
     def _source(self, prefix: str) -> Any:
         """The loader(s) for ``prefix`` ("train", "val", "test", "predict"), or None."""
-        if prefix in self._given:
-            return self._given[prefix]
+        if prefix in self.given:
+            return self.given[prefix]
         method = f"{prefix}_dataloader"
         datamodule = self.datamodule
         if datamodule is not None:
             return getattr(datamodule, method)() if overrides(datamodule, DataModule, method) else None
-        module_method = getattr(self.trainer._module, method, None)
+        module_method = getattr(self.run_state.module, method, None)
         return module_method() if callable(module_method) else None
 
     def setup(self, fn: TrainerFn) -> None:
@@ -130,7 +134,7 @@ class DataConnector:
                 f"(torch.utils.data.ConcatDataset) into one loader."
             )
         self.train_loader = self._prepare(loader, RunningStage.TRAINING)
-        limit = self.trainer._settings.limit_train_batches
+        limit = self.run_state.settings.limit_train_batches
         self.num_training_batches = limited_length(self.train_loader, limit, "limit_train_batches")
         if self.num_training_batches == 0:
             raise ValueError(_no_training_batches(self.train_loader, limit))
@@ -138,7 +142,7 @@ class DataConnector:
     def reload_if_due(self, stage: RunningStage, epoch: int) -> bool:
         """Call the ``train_dataloader``/``val_dataloader`` hook again when ``reload_dataloaders_every_n_epochs``
         epochs have passed since it was last called; whether it was."""
-        every = self.trainer._features.reload_dataloaders_every_n_epochs
+        every = self.run_state.features.reload_dataloaders_every_n_epochs
         if not every or epoch - self._loaded_in[stage] < every:
             return False
         self._loaded_in[stage] = epoch
@@ -149,11 +153,11 @@ class DataConnector:
         return True
 
     def _prepare_eval(self, stage: RunningStage, required: bool) -> bool:
-        trainer = self.trainer
+        trainer, run = self.trainer, self.run_state
         prefix = stage.dataloader_prefix
         step = _STEP_FOR[stage]
         source = self._source(prefix)
-        module = trainer._module
+        module = run.module
         from drivetrain.trainer.module import TrainingModule
 
         has_step = stage == RunningStage.PREDICTING or overrides(module, TrainingModule, step)
@@ -178,14 +182,14 @@ class DataConnector:
                     stacklevel=4,
                 )
             return False
-        limit = getattr(trainer._settings, _LIMIT_FOR[stage])
+        limit = getattr(run.settings, _LIMIT_FOR[stage])
         loaders = [self._prepare(loader, stage, index) for index, loader in enumerate(as_loader_list(source))]
         lengths = [limited_length(loader, limit, _LIMIT_FOR[stage]) for loader in loaders]
         self._eval[stage] = (loaders, lengths)
         return any(length > 0 for length in lengths)
 
     def _prepare(self, loader: Any, stage: RunningStage, dataloader_idx: int = 0) -> Any:
-        trainer = self.trainer
+        trainer, features = self.trainer, self.run_state.features
         strategy = trainer.strategy
         if isinstance(loader, Dataset) and not isinstance(loader, IterableDataset):
             # Iterable through __getitem__, it would be read one unbatched sample at a time.
@@ -194,8 +198,8 @@ class DataConnector:
                 f"DataLoader: the Trainer would read it one sample at a time, without batching. Wrap it: "
                 f"DataLoader(dataset, batch_size=32{', shuffle=True' if stage == RunningStage.TRAINING else ''})."
             )
-        mover = batch_transfer(trainer._module, strategy, dataloader_idx)
-        if trainer._features.overfit_batches and trainer.state.fn == TrainerFn.FITTING:
+        mover = batch_transfer(self.run_state.module, strategy, dataloader_idx)
+        if features.overfit_batches and trainer.state.fn == TrainerFn.FITTING:
             loader = in_order(loader, stage)
         if can_prepare(loader):
             prepared: Any = prepare_data_loader(
@@ -204,11 +208,11 @@ class DataConnector:
                 even_batches=stage == RunningStage.TRAINING,
                 dispatch_batches=False,
                 # An iterable dataset is a stream only the user knows how to split.
-                shard=trainer._use_distributed_sampler and not isinstance(loader.dataset, IterableDataset),
+                shard=features.use_distributed_sampler and not isinstance(loader.dataset, IterableDataset),
                 batch_mover=mover,
             )
         else:
-            sharded = trainer._use_distributed_sampler and strategy.world_size > 1
+            sharded = features.use_distributed_sampler and strategy.world_size > 1
             if sharded and isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
                 raise TypeError(
                     f"The {stage.dataloader_prefix} dataloader is a {type(loader).__name__}, a DataLoader subclass "
@@ -227,7 +231,7 @@ class DataConnector:
         """The loaders of ``stage`` and how many batches of each to use."""
         if stage == RunningStage.SANITY_CHECKING:
             loaders, lengths = self._eval.get(RunningStage.VALIDATING, ([], []))
-            steps = self.trainer._settings.num_sanity_val_steps
+            steps = self.run_state.settings.num_sanity_val_steps
             return loaders, [length if steps == -1 else min(length, steps) for length in lengths]
         return self._eval.get(stage, ([], []))
 

@@ -13,6 +13,7 @@ from drivetrain.trainer.state import TrainerFn
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 
@@ -26,14 +27,14 @@ def unwrap_compiled(model: Any) -> tuple[Any, Any]:
     return inner, compiler
 
 
-def check_model(trainer: Trainer, fn: TrainerFn, model: Any) -> tuple[TrainingModule, Any]:
+def check_model(trainer: Trainer, run: RunState, fn: TrainerFn, model: Any) -> tuple[TrainingModule, Any]:
     """The module the entry point runs (the last one when ``model`` is None) and its compiler, if compiled."""
     from drivetrain.trainer.module import TrainingModule
 
     if model is None:
-        if trainer._module is None:
+        if run.module is None:
             raise ValueError(f"Trainer.{fn.value}() needs a model: pass it as the first argument.")
-        return trainer._module, trainer._compiler
+        return run.module, run.compiler
     module, compiler = unwrap_compiled(model)
     if not isinstance(module, TrainingModule):
         what = f"torch.compile({type(module).__name__})" if compiler is not None else type(model).__name__
@@ -91,14 +92,14 @@ def check_ckpt_request(fn: TrainerFn, ckpt_path: str | Path | None, weights_only
     return None if ckpt_path is None else str(ckpt_path)
 
 
-def check_can_save(trainer: Trainer, weights_only: bool) -> None:
+def check_can_save(trainer: Trainer, run: RunState, weights_only: bool) -> None:
     """Whether ``trainer.save_checkpoint`` has something to save in this process."""
-    if trainer._module is None or trainer.state.fn is None:
+    if run.module is None or run.state.fn is None:
         raise RuntimeError(
             "save_checkpoint() saves what fit/validate/test/predict set up, and none has run yet. Call it "
             "from a callback or module hook during a run, or after trainer.fit(...) returns."
         )
-    if not trainer._strategy_ready and not trainer._ran_here and not weights_only:
+    if not run.strategy_ready and not run.ran_here and not weights_only:
         raise RuntimeError(
             f"trainer.save_checkpoint() runs in the process that launched the {trainer.world_size} "
             f"{type(trainer.strategy).__name__} processes: it holds the trained weights (copied back), but the "
@@ -108,39 +109,40 @@ def check_can_save(trainer: Trainer, weights_only: bool) -> None:
         )
 
 
-def run_entry_point(trainer: Trainer, fn: TrainerFn) -> Any:
+def run_entry_point(trainer: Trainer, run: RunState, fn: TrainerFn) -> Any:
     """Run ``fn``'s loop in this process, once the model and data are set up."""
     import torch
 
     from drivetrain.trainer import checkpointing
+    from drivetrain.trainer.loops.evaluation import run_evaluation
     from drivetrain.trainer.loops.fit import FitLoop
     from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.state import RunningStage
 
     if fn == TrainerFn.FITTING:
-        trainer._optimization.setup(trainer._optimizers, trainer._scheduler_configs)
-        if trainer._ckpt_path is not None:
-            checkpointing.restore_training_state(trainer, trainer._ckpt_path)
-        trainer._metrics.log_hyperparams(_hyperparameters(trainer))
-        trainer.state.stage = RunningStage.TRAINING
-        if trainer._detect_anomaly:
+        run.optimization.setup(run.optimizers, run.scheduler_configs)
+        if run.ckpt_path is not None:
+            checkpointing.restore_training_state(trainer, run, run.ckpt_path)
+        run.metrics.log_hyperparams(_hyperparameters(run))
+        run.state.stage = RunningStage.TRAINING
+        if run.features.detect_anomaly:
             with torch.autograd.set_detect_anomaly(True):
-                FitLoop(trainer).run()
+                FitLoop(trainer, run).run()
         else:
-            FitLoop(trainer).run()
+            FitLoop(trainer, run).run()
         return None
-    if trainer._ckpt_path is not None:
-        checkpointing.restore_weights(trainer, trainer._ckpt_path)
+    if run.ckpt_path is not None:
+        checkpointing.restore_weights(trainer, run, run.ckpt_path)
     if fn == TrainerFn.PREDICTING:
-        trainer._predict_loop = PredictionLoop(trainer, trainer._return_predictions)
-        return trainer._predict_loop.run()
+        run.predict_loop = PredictionLoop(trainer, run, run.return_predictions)
+        return run.predict_loop.run()
     stage = RunningStage.VALIDATING if fn == TrainerFn.VALIDATING else RunningStage.TESTING
-    return trainer._run_evaluation(stage)
+    return run_evaluation(trainer, run, stage)
 
 
-def _hyperparameters(trainer: Trainer) -> dict[str, Any]:
-    params = dict(trainer._module.hparams) if trainer._module is not None else {}
-    datamodule = trainer._data.datamodule
+def _hyperparameters(run: RunState) -> dict[str, Any]:
+    params = dict(run.module.hparams) if run.module is not None else {}
+    datamodule = run.data.datamodule
     if datamodule is not None:
         params.update(datamodule.hparams)
     return params

@@ -152,3 +152,11 @@ def _timed(profiler: Any, action: str, function: Callable[..., Any]) -> Callable
     from drivetrain.trainer.profiling import timed
 
     return timed(profiler, action, function)
+
+
+def hook_runner(trainer: Any, run: Any) -> HookRunner:
+    """The hooks of ``run``'s module and callbacks, resolved for the entry point starting (or a tuner trial)."""
+    from drivetrain.trainer.callbacks.callback import Callback
+    from drivetrain.trainer.module import TrainingModule
+
+    return HookRunner(trainer, run.module, run.callbacks, TrainingModule, Callback, run.features.profiler)

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
+from drivetrain._utilities.snapshots import Restorable
 from drivetrain.loggers.logger import DEFAULT_EXPERIMENT, Logger, metrics_to_floats
 from drivetrain.trainer.results import ResultCollection
 
@@ -22,7 +23,7 @@ def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
     return resolve(logger, save_dir=default_root_dir, experiment=DEFAULT_EXPERIMENT, argument="logger")
 
 
-class MetricsHub:
+class MetricsHub(Restorable):
     """The Trainer's view of logged values, and the one place that writes to loggers.
 
     Args:

@@ -20,22 +20,23 @@ from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.optimizers import LRSchedulerConfig, parse_configure_optimizers
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 
 def setup_model(
-    trainer: Trainer, with_optimizers: bool, restoring: bool
+    trainer: Trainer, run: RunState, with_optimizers: bool, restoring: bool
 ) -> tuple[nn.Module, list[Any], list[LRSchedulerConfig]]:
     """Return ``(model to call, optimizers, scheduler configs)`` for this process."""
     from drivetrain.trainer.module import TrainingModule
 
     strategy = trainer.strategy
-    module = trainer._module
+    module = run.module
     if overrides(module, TrainingModule, "configure_model"):
         # Weights about to be overwritten by a checkpoint need no initialisation.
         with strategy.module_init_context(empty_init=True if restoring else None):
             module.configure_model()
-    if trainer._features.sync_batchnorm:
+    if run.features.sync_batchnorm:
         _sync_batchnorm(trainer, module)
     if with_optimizers:
         if not overrides(module, TrainingModule, "configure_optimizers"):

@@ -24,6 +24,7 @@ from drivetrain.trainer.module_tools import ModuleTools
 
 if TYPE_CHECKING:
     from drivetrain.loggers.logger import Logger
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 M = TypeVar("M", bound="TrainingModule")
@@ -89,7 +90,7 @@ class TrainingModule(LoopHooks, ModuleTools):
     def device(self) -> torch.device:
         """The device this module computes on."""
         trainer = self.__dict__.get("_trainer")
-        if trainer is not None and trainer._strategy_ready:
+        if trainer is not None and _run_of(trainer).strategy_ready:
             return trainer.strategy.root_device
         for parameter in self.parameters():
             return parameter.device
@@ -326,7 +327,7 @@ class TrainingModule(LoopHooks, ModuleTools):
         global step.
         """
         trainer = self.trainer
-        optimizers = trainer._manual_optimizers or trainer.optimizers
+        optimizers = _run_of(trainer).manual_optimizers or trainer.optimizers
         if not optimizers:
             raise RuntimeError(
                 f"{type(self).__name__}.optimizers() has nothing to return yet: the optimizers are made from "
@@ -343,7 +344,7 @@ class TrainingModule(LoopHooks, ModuleTools):
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()`` through the strategy (loss scaling, DDP), for manual optimisation."""
-        self.trainer._optimization.manual_backward(loss, *args, **kwargs)
+        _run_of(self.trainer).optimization.manual_backward(loss, *args, **kwargs)
 
     def clip_gradients(
         self,
@@ -352,7 +353,7 @@ class TrainingModule(LoopHooks, ModuleTools):
         gradient_clip_algorithm: str = "norm",
     ) -> Tensor | None:
         """Clip the gradients of ``optimizer``'s parameters by total norm or by value."""
-        return self.trainer._optimization.clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        return _run_of(self.trainer).optimization.clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def all_gather(self, data: Tensor, sync_grads: bool = False) -> Tensor:
         """Stack ``data`` from every process along a new first dimension."""
@@ -400,3 +401,9 @@ class TrainingModule(LoopHooks, ModuleTools):
         state["_trainer"] = None  # the Trainer re-attaches itself; copying it along would copy the run
         state["_results"] = None
         return state
+
+
+def _run_of(trainer: Trainer) -> RunState:
+    from drivetrain.trainer.trainer import run_state  # the Trainer imports this module
+
+    return run_state(trainer)

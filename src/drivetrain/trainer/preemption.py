@@ -27,6 +27,7 @@ from drivetrain.strategies.preemption import Preempted, signal_name
 
 if TYPE_CHECKING:
     from drivetrain.strategies.preemption import PreemptionWatch
+    from drivetrain.trainer.state import FitProgress
     from drivetrain.trainer.trainer import Trainer
 
 _log = get_logger(__name__)
@@ -41,9 +42,8 @@ def stop_signals(trainer: Trainer) -> tuple[int, ...]:
 
 
 @contextmanager
-def watching(trainer: Trainer) -> Iterator[PreemptionWatch]:
+def watching(trainer: Trainer, progress: FitProgress) -> Iterator[PreemptionWatch]:
     """Watch for stop signals while the fit loop runs (handlers only in the main thread)."""
-    progress = trainer._progress
     watch = trainer.strategy.preemption_watch(stop_signals(trainer), lambda: progress.total_batches)
     if not watch.install() and not watch.can_agree and trainer.is_global_zero:
         _log.warning(

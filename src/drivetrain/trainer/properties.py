@@ -17,40 +17,35 @@ if TYPE_CHECKING:
     from drivetrain.loggers.logger import Logger
     from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
-    from drivetrain.trainer.arguments import RunFeatures
     from drivetrain.trainer.callbacks.callback import Callback
-    from drivetrain.trainer.config import LoopSettings
-    from drivetrain.trainer.data_connector import DataConnector
     from drivetrain.trainer.datamodule import DataModule
-    from drivetrain.trainer.logger_connector import MetricsHub
-    from drivetrain.trainer.loops.optimization import Optimization
     from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.module import TrainingModule
-    from drivetrain.trainer.state import FitProgress, FitProgressView
+    from drivetrain.trainer.run_state import RunState
+    from drivetrain.trainer.state import FitProgressView
 
 
 class TrainerProperties:
     """Properties of :class:`~drivetrain.Trainer` (a mixin; the Trainer sets these attributes)."""
 
     _strategy: Strategy
-    _settings: LoopSettings
-    _features: RunFeatures
-    _progress: FitProgress
+    _run: RunState
     _fit_progress: FitProgressView
-    _ckpt_path: str | None
-    _ckpt_path_set: str | None
-    _ckpt_request: str | None
-    _metrics: MetricsHub
-    _callbacks: list[Callback]
-    _data: DataConnector
-    _module: TrainingModule
-    _model: nn.Module
-    _optimizers: list[Any]
-    _scheduler_configs: list[Any]
-    _optimization: Optimization
-    _predict_loop: PredictionLoop | None
     _default_root_dir: str
-    state: TrainerState
+
+    @property
+    def state(self) -> TrainerState:
+        """``trainer.state``: the entry point (``fn``), its ``status`` and the running ``stage``."""
+        return self._run.state
+
+    @property
+    def should_stop(self) -> bool:
+        """Set it to ``True`` (from a callback or the module) to end the fit at the next check."""
+        return self._run.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self._run.should_stop = bool(value)
 
     @property
     def strategy(self) -> Strategy:
@@ -119,15 +114,15 @@ class TrainerProperties:
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far in this fit."""
-        return self._progress.global_step
+        return self._run.progress.global_step
 
     @property
     def current_epoch(self) -> int:
-        return self._progress.epoch
+        return self._run.progress.epoch
 
     @property
     def max_epochs(self) -> int:
-        return self._settings.max_epochs
+        return self._run.settings.max_epochs
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -136,51 +131,51 @@ class TrainerProperties:
         Writable during a fit, as :class:`~drivetrain.trainer.callbacks.GradientAccumulationScheduler`
         does at each epoch start: from the next batch on, the optimizer steps every this many batches.
         """
-        return self._settings.accumulate_grad_batches
+        return self._run.settings.accumulate_grad_batches
 
     @accumulate_grad_batches.setter
     def accumulate_grad_batches(self, value: int) -> None:
         from drivetrain.strategies.step_policy import check_accumulation_steps
 
         steps = check_accumulation_steps(value, "trainer.accumulate_grad_batches")
-        self._optimization.set_accumulation(steps)  # refuses what the running fit cannot honour
-        self._settings.accumulate_grad_batches = steps
+        self._run.optimization.set_accumulation(steps)  # refuses what the running fit cannot honour
+        self._run.settings.accumulate_grad_batches = steps
 
     @property
     def max_steps(self) -> int:
-        return self._settings.max_steps
+        return self._run.settings.max_steps
 
     @property
     def val_check_interval(self) -> int | float:
         """Validate every this fraction of an epoch (float) or number of batches (int)."""
-        return self._settings.val_check_interval
+        return self._run.settings.val_check_interval
 
     @property
     def check_val_every_n_epoch(self) -> int | None:
         """Validate in every n-th epoch (``None``: ``val_check_interval`` counts batches across epochs)."""
-        return self._settings.check_val_every_n_epoch
+        return self._run.settings.check_val_every_n_epoch
 
     @property
     def log_every_n_steps(self) -> int:
-        return self._settings.log_every_n_steps
+        return self._run.settings.log_every_n_steps
 
     @property
     def fast_dev_run(self) -> int:
-        return self._settings.fast_dev_run
+        return self._run.settings.fast_dev_run
 
     @property
     def overfit_batches(self) -> int | float:
         """Training and validation batches (or fraction) each epoch repeats; 0 when not overfitting."""
-        return self._features.overfit_batches
+        return self._run.features.overfit_batches
 
     @property
     def reload_dataloaders_every_n_epochs(self) -> int:
-        return self._features.reload_dataloaders_every_n_epochs
+        return self._run.features.reload_dataloaders_every_n_epochs
 
     @property
     def barebones(self) -> bool:
         """Whether the Trainer runs without logging, callbacks it adds, checkpoints, bar, summary and sanity check."""
-        return self._features.barebones
+        return self._run.features.barebones
 
     @property
     def profiler(self) -> Profiler:
@@ -188,8 +183,8 @@ class TrainerProperties:
 
         Time your own code with ``with self.trainer.profiler.profile("my_action"):``.
         """
-        if self._features.profiler is not None:
-            return self._features.profiler
+        if self._run.features.profiler is not None:
+            return self._run.features.profiler
         from drivetrain.profilers import PassThroughProfiler
 
         return PassThroughProfiler()
@@ -202,7 +197,7 @@ class TrainerProperties:
     @property
     def is_last_batch(self) -> bool:
         """Whether the training batch being processed is the last of its epoch."""
-        return self._progress.is_last_batch
+        return self._run.progress.is_last_batch
 
     @property
     def num_training_batches(self) -> int | float:
@@ -210,52 +205,52 @@ class TrainerProperties:
 
         An ``int`` whenever the count is finite, as in Lightning, so ``range(trainer.num_training_batches)`` works.
         """
-        return _counts([self._data.num_training_batches])[0]
+        return _counts([self._run.data.num_training_batches])[0]
 
     @property
     def num_val_batches(self) -> list[int | float]:
         """Validation batches per loader in this process, after ``limit_val_batches``."""
-        return _counts(self._data.eval_loaders(RunningStage.VALIDATING)[1])
+        return _counts(self._run.data.eval_loaders(RunningStage.VALIDATING)[1])
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
         """Batches per validation loader that the sanity check runs (``num_sanity_val_steps`` at most)."""
-        return _counts(self._data.eval_loaders(RunningStage.SANITY_CHECKING)[1])
+        return _counts(self._run.data.eval_loaders(RunningStage.SANITY_CHECKING)[1])
 
     @property
     def num_test_batches(self) -> list[int | float]:
         """Test batches per loader in this process, after ``limit_test_batches``."""
-        return _counts(self._data.eval_loaders(RunningStage.TESTING)[1])
+        return _counts(self._run.data.eval_loaders(RunningStage.TESTING)[1])
 
     @property
     def num_predict_batches(self) -> list[int | float]:
         """Prediction batches per loader in this process, after ``limit_predict_batches``."""
-        return _counts(self._data.eval_loaders(RunningStage.PREDICTING)[1])
+        return _counts(self._run.data.eval_loaders(RunningStage.PREDICTING)[1])
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
         """Everything logged so far: the latest step values and the last epoch/validation values."""
-        return self._metrics.callback_metrics()
+        return self._run.metrics.callback_metrics()
 
     @property
     def logged_metrics(self) -> dict[str, float]:
         """The values most recently sent to the loggers."""
-        return dict(self._metrics.logged)
+        return dict(self._run.metrics.logged)
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """The ``prog_bar=True`` values as numbers (reads device values: for display)."""
-        return self._metrics.progress_bar_metrics()
+        return self._run.metrics.progress_bar_metrics()
 
     @property
     def callbacks(self) -> list[Callback]:
-        return self._callbacks
+        return self._run.callbacks
 
     @property
     def checkpoint_callbacks(self) -> list[Any]:
         from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
 
-        return [cb for cb in self._callbacks if isinstance(cb, ModelCheckpoint)]
+        return [cb for cb in self._run.callbacks if isinstance(cb, ModelCheckpoint)]
 
     @property
     def checkpoint_callback(self) -> Any:
@@ -266,7 +261,7 @@ class TrainerProperties:
     def early_stopping_callbacks(self) -> list[Any]:
         from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
 
-        return [cb for cb in self._callbacks if isinstance(cb, EarlyStopping)]
+        return [cb for cb in self._run.callbacks if isinstance(cb, EarlyStopping)]
 
     @property
     def early_stopping_callback(self) -> Any:
@@ -277,15 +272,15 @@ class TrainerProperties:
     def progress_bar_callback(self) -> Any:
         from drivetrain.trainer.callbacks.progress import ProgressBar
 
-        return next((cb for cb in self._callbacks if isinstance(cb, ProgressBar)), None)
+        return next((cb for cb in self._run.callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def loggers(self) -> list[Logger]:
-        return self._metrics.loggers
+        return self._run.metrics.loggers
 
     @property
     def logger(self) -> Logger | None:
-        return self._metrics.loggers[0] if self._metrics.loggers else None
+        return self._run.metrics.loggers[0] if self._run.metrics.loggers else None
 
     @property
     def default_root_dir(self) -> str:
@@ -294,27 +289,27 @@ class TrainerProperties:
     @property
     def log_dir(self) -> str:
         """The first logger's run folder (``default_root_dir`` without loggers)."""
-        return self._metrics.log_dir(self._default_root_dir)
+        return self._run.metrics.log_dir(self._default_root_dir)
 
     @property
     def training_module(self) -> TrainingModule | None:
         """The module of the current (or last) entry point."""
-        return self._module
+        return self._run.module
 
     lightning_module = training_module
 
     @property
     def model(self) -> nn.Module | None:
         """The module as the strategy wrapped it (DDP …) while an entry point runs."""
-        return self._model
+        return self._run.model
 
     @property
     def optimizers(self) -> list[Any]:
-        return self._optimizers
+        return self._run.optimizers
 
     @property
     def lr_scheduler_configs(self) -> list[Any]:
-        return self._scheduler_configs
+        return self._run.scheduler_configs
 
     @property
     def predict_loop(self) -> PredictionLoop | None:
@@ -323,15 +318,15 @@ class TrainerProperties:
         A prediction writer reads ``current_batch_indices`` (the dataset indices of the batch being
         predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning.
         """
-        return self._predict_loop
+        return self._run.predict_loop
 
     @property
     def datamodule(self) -> DataModule | None:
-        return self._data.datamodule
+        return self._run.data.datamodule
 
     @property
     def train_dataloader(self) -> Any:
-        return self._data.train_loader
+        return self._run.data.train_loader
 
     @property
     def val_dataloaders(self) -> Any:
@@ -346,7 +341,7 @@ class TrainerProperties:
         return self._eval_dataloaders(RunningStage.PREDICTING)
 
     def _eval_dataloaders(self, stage: RunningStage) -> Any:
-        loaders = self._data.eval_loaders(stage)[0]
+        loaders = self._run.data.eval_loaders(stage)[0]
         if not loaders:
             return None
         return loaders[0] if len(loaders) == 1 else loaders
@@ -358,7 +353,7 @@ class TrainerProperties:
         Set it to make the next entry point called without ``ckpt_path=`` load this one (as
         ``trainer.test(ckpt_path=...)`` would); ``None`` clears it.
         """
-        return self._ckpt_path
+        return self._run.ckpt_path
 
     @ckpt_path.setter
     def ckpt_path(self, path: Any) -> None:
@@ -366,13 +361,13 @@ class TrainerProperties:
 
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"trainer.ckpt_path = {path!r}: use a path, 'last', 'best' or None.")
-        self._ckpt_path_set = os.fspath(path) if path is not None else None
+        self._run.ckpt_path_set = os.fspath(path) if path is not None else None
 
     @property
     def ckpt_path_requested(self) -> str | None:
         """What the current (or last) entry point was asked to load: a path, ``"last"``, ``"best"``,
         ``"hpc"`` or ``None``; :attr:`ckpt_path` is the checkpoint that request resolved to."""
-        return self._ckpt_request
+        return self._run.ckpt_request
 
     @property
     def training(self) -> bool:
@@ -401,8 +396,8 @@ class TrainerProperties:
     @property
     def estimated_stepping_batches(self) -> float:
         """Optimizer steps the whole fit will take (for schedulers such as OneCycleLR)."""
-        settings = self._settings
-        per_epoch = self._data.num_training_batches / settings.accumulate_grad_batches
+        settings = self._run.settings
+        per_epoch = self._run.data.num_training_batches / settings.accumulate_grad_batches
         per_epoch = math.ceil(per_epoch) if not math.isinf(per_epoch) else per_epoch
         total = per_epoch * settings.max_epochs if settings.max_epochs != -1 else math.inf
         return min(total, settings.max_steps) if settings.max_steps != -1 else total

@@ -541,7 +541,7 @@ def collectives_of(strategy: Any) -> tuple[Any, Any]:
     return None, None
 
 
-def new_results(trainer: Any, training: bool) -> ResultCollection:
-    """The collection a stage's logged values go to, reduced across the run's processes."""
-    kind = DiscardedResults if trainer._features.barebones else ResultCollection
-    return kind(training, *collectives_of(trainer.strategy))
+def new_results(features: Any, strategy: Any, training: bool) -> ResultCollection:
+    """The collection a stage's logged values go to (nothing under ``barebones``), reduced across the run's processes."""
+    kind = DiscardedResults if features.barebones else ResultCollection
+    return kind(training, *collectives_of(strategy))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.trainer import Trainer
 
@@ -51,9 +52,8 @@ def torch_flags(
 
 
 @contextmanager
-def profiling(trainer: Trainer, stage: str) -> Iterator[None]:
+def profiling(trainer: Trainer, profiler: Profiler | None, stage: str) -> Iterator[None]:
     """The run's profiler set up for ``stage`` in this process; its report when the stage ends."""
-    profiler = trainer._features.profiler
     if profiler is None:
         yield
         return

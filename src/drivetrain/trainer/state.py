@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
+from drivetrain._utilities.snapshots import Restorable
+
 
 class TrainerFn(str, Enum):
     """The user-facing entry point being run."""
@@ -46,7 +48,7 @@ class RunningStage(str, Enum):
 
 
 @dataclass
-class TrainerState:
+class TrainerState(Restorable):
     """``trainer.state``: the entry point (``fn``), its ``status`` and the running ``stage``."""
 
     fn: TrainerFn | None = None
@@ -63,7 +65,7 @@ class TrainerState:
 
 
 @dataclass
-class FitProgress:
+class FitProgress(Restorable):
     """How far fitting has come: everything a checkpoint needs to continue from the next batch.
 
     ``batches_done`` counts the batches of ``epoch`` already trained on (a resumed run continues
@@ -104,14 +106,14 @@ class FitProgressView:
     Every value refers to this process (the processes of a run agree on all of them).
     """
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_run",)
 
-    def __init__(self, owner: Any) -> None:
-        self._owner = owner  # the Trainer: each fit starts a new FitProgress
+    def __init__(self, run: Any) -> None:
+        self._run = run  # the Trainer's run state: each fit starts a new FitProgress
 
     @property
     def _progress(self) -> FitProgress:
-        progress: FitProgress = self._owner._progress
+        progress: FitProgress = self._run.progress
         return progress
 
     @property

@@ -16,16 +16,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
 from drivetrain._utilities import paths
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.properties import TrainerProperties
+from drivetrain.trainer.run_state import RunState
 from drivetrain.trainer.state import (
     FitProgress,
     FitProgressView,
-    RunningStage,
     TrainerFn,
     TrainerState,
     TrainerStatus,
@@ -41,8 +39,6 @@ if TYPE_CHECKING:
     from drivetrain.profilers import Profiler
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
-    from drivetrain.trainer.loops.prediction import PredictionLoop
-    from drivetrain.trainer.results import ResultCollection
 
 
 class Trainer(TrainerProperties):
@@ -152,7 +148,7 @@ class Trainer(TrainerProperties):
         barebones: bool = False,
     ) -> None:
         from drivetrain.connector import connect
-        from drivetrain.trainer.arguments import apply_barebones, check_run_flags, resolve_features
+        from drivetrain.trainer.arguments import apply_barebones, resolve_features
         from drivetrain.trainer.config import build_settings
         from drivetrain.trainer.data_connector import DataConnector
         from drivetrain.trainer.default_callbacks import configure_callbacks
@@ -173,7 +169,7 @@ class Trainer(TrainerProperties):
                 "profiler": profiler,
             },
         )
-        self._features = resolve_features(
+        features = resolve_features(
             barebones=barebones,
             overfit_batches=overfit_batches,
             sync_batchnorm=sync_batchnorm,
@@ -181,9 +177,13 @@ class Trainer(TrainerProperties):
             profiler=profiler,
             limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches,
+            deterministic=deterministic,
+            benchmark=benchmark,
+            use_distributed_sampler=use_distributed_sampler,
+            detect_anomaly=detect_anomaly,
         )
-        if self._features.overfit_batches:
-            limit_train_batches = limit_val_batches = self._features.overfit_batches
+        if features.overfit_batches:
+            limit_train_batches = limit_val_batches = features.overfit_batches
         self._strategy = connect(
             accelerator=accelerator,
             strategy=strategy,
@@ -195,7 +195,7 @@ class Trainer(TrainerProperties):
         # strategy="auto" on several processes weighs DDP against FSDP once the model is known (by fit, when
         # it is the first entry point: afterwards this strategy's processes exist).
         self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
-        self._settings = build_settings(
+        settings = build_settings(
             max_epochs=max_epochs,
             min_epochs=min_epochs,
             max_steps=max_steps,
@@ -215,57 +215,35 @@ class Trainer(TrainerProperties):
             fast_dev_run=fast_dev_run,
             inference_mode=inference_mode,
         )
-        check_run_flags(deterministic, benchmark, use_distributed_sampler, detect_anomaly)
-        self._detect_anomaly = detect_anomaly
-        self._deterministic = deterministic
-        self._benchmark = benchmark
-        self._use_distributed_sampler = use_distributed_sampler
         self._default_root_dir = (
             paths.normalize(default_root_dir, "default_root_dir")
             if default_root_dir is not None
             else os.getcwd()
         )
         paths.check(self._default_root_dir)  # s3://... without s3fs, or an unknown scheme: reported here
-        fast = self._settings.fast_dev_run > 0
+        fast = settings.fast_dev_run > 0
         loggers = resolve_loggers(
             given["logger"], self._default_root_dir
         )  # checked even when fast_dev_run drops them
-        self._metrics = MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self))
-        self._callbacks = configure_callbacks(
-            callbacks,
-            enable_progress_bar=given["enable_progress_bar"],
-            enable_checkpointing=given["enable_checkpointing"],
-            enable_model_summary=given["enable_model_summary"],
-            fast_dev_run=fast,
-            barebones=barebones,
+        # Everything a run changes, shared with the loops, checkpointing and the tuner (see run_state.py).
+        self._run = run = RunState(
+            settings=settings,
+            features=features,
+            state=TrainerState(),
+            progress=FitProgress(),
+            metrics=MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self)),
+            callbacks=configure_callbacks(
+                callbacks,
+                enable_progress_bar=given["enable_progress_bar"],
+                enable_checkpointing=given["enable_checkpointing"],
+                enable_model_summary=given["enable_model_summary"],
+                fast_dev_run=fast,
+                barebones=barebones,
+            ),
         )
-        self.state = TrainerState()
-        self.should_stop = False
-        self._progress = FitProgress()
-        self._fit_progress = FitProgressView(self)
-        self._data = DataConnector(self)
-        # The module and what the strategy made of it, for the entry point running (set by _begin/_run_stage).
-        self._module: TrainingModule = None  # type: ignore[assignment]
-        self._compiler: Any = (
-            None  # torch.compile's, when fit() got a compiled module: its forward runs compiled
-        )
-        self._model: nn.Module = None  # type: ignore[assignment]
-        self._optimizers: list[Any] = []
-        self._scheduler_configs: list[Any] = []
-        self._manual_optimizers: list[Any] = []
-        self._optimization = Optimization(self)
-        self._hooks: Any = None
-        self._train_results: ResultCollection = None  # type: ignore[assignment]  # created by each fit
-        self._ckpt_path: str | None = None
-        self._ckpt_request: str | None = None
-        self._ckpt_path_set: str | None = None  # trainer.ckpt_path = ...: used when an entry point names none
-        self._ckpt_weights_only = True
-        self._restored = False
-        self._pending_process: dict[str, Any] | None = None  # this rank's record of a resumed checkpoint
-        self._strategy_ready = False
-        self._ran_here = False
-        self._return_predictions = True
-        self._predict_loop: PredictionLoop | None = None
+        run.data = DataConnector(self, run)
+        run.optimization = Optimization(self, run)
+        self._fit_progress = FitProgressView(run)
 
     # -- entry points -----------------------------------------------------------------------
     def fit(
@@ -309,7 +287,7 @@ class Trainer(TrainerProperties):
         if self._size_auto_strategy:
             from drivetrain.connector import fit_auto_strategy
 
-            self._strategy, _ = fit_auto_strategy(self._strategy, self._module)
+            self._strategy, _ = fit_auto_strategy(self._strategy, self._run.module)
         self._launch()
 
     def validate(
@@ -356,7 +334,7 @@ class Trainer(TrainerProperties):
         """
         if isinstance(dataloaders, DataModule):
             datamodule, dataloaders = dataloaders, None
-        self._return_predictions = return_predictions
+        self._run.return_predictions = return_predictions
         self._begin(TrainerFn.PREDICTING, model, datamodule, ckpt_path, weights_only, predict=dataloaders)
         return self._launch()
 
@@ -392,24 +370,25 @@ class Trainer(TrainerProperties):
     ) -> None:
         from drivetrain.trainer.entry_points import check_ckpt_request, check_model, warn_current_weights
 
-        self._module, self._compiler = check_model(self, fn, model)
-        self._data.attach(datamodule, **loaders)
+        run = self._run
+        run.module, run.compiler = check_model(self, run, fn, model)
+        run.data.attach(datamodule, **loaders)
         if ckpt_path is None:
-            ckpt_path = self._ckpt_path_set
+            ckpt_path = run.ckpt_path_set
         else:
-            self._ckpt_path_set = None  # an explicit argument replaces what was set
+            run.ckpt_path_set = None  # an explicit argument replaces what was set
         if model is None and ckpt_path is None and fn != TrainerFn.FITTING:
             warn_current_weights(self, fn)
-        self._ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
-        self._ckpt_weights_only = weights_only is not False
-        self.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
+        run.ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
+        run.ckpt_weights_only = weights_only is not False
+        run.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
         if fn == TrainerFn.FITTING:
-            self.should_stop = False
-            self._progress = FitProgress()
+            run.new_fit()
 
     # -- running in every process ---------------------------------------------------------------
     def _launch(self) -> Any:
-        self._ran_here = False
+        run = self._run
+        run.ran_here = False
         # Processes are started from here on: "auto" is sized only by a fit that comes first.
         self._size_auto_strategy = False
         launcher = self.strategy.launcher
@@ -419,14 +398,14 @@ class Trainer(TrainerProperties):
         try:
             output = launcher.launch(self._run_stage) if launcher is not None else self._run_stage()
         except BaseException:
-            self.state.status = TrainerStatus.INTERRUPTED
+            run.state.status = TrainerStatus.INTERRUPTED
             raise
-        if not self._ran_here:
+        if not run.ran_here:
             from drivetrain.trainer.process_results import absorb_output
 
-            absorb_output(self, output)  # the ranks ran in other processes (spawn/fork)
-        self.state.status = TrainerStatus.FINISHED
-        self.state.stage = None
+            absorb_output(self, run, output)  # the ranks ran in other processes (spawn/fork)
+        run.state.status = TrainerStatus.FINISHED
+        run.state.stage = None
         return output["results"] if output is not None else None
 
     def _run_stage(self) -> dict[str, Any]:
@@ -435,97 +414,69 @@ class Trainer(TrainerProperties):
         from drivetrain.trainer import checkpointing
         from drivetrain.trainer.default_callbacks import module_callbacks
         from drivetrain.trainer.entry_points import run_entry_point
+        from drivetrain.trainer.hooks import hook_runner
         from drivetrain.trainer.model_setup import setup_model
         from drivetrain.trainer.process_results import stage_output
         from drivetrain.trainer.results import new_results
         from drivetrain.trainer.run_context import compiled_forward, profiling, release_strategy, torch_flags
 
-        self._ran_here = True
+        run = self._run
+        run.ran_here = True
         strategy = self.strategy
-        fn = self.state.fn
-        assert fn is not None and self._module is not None
-        module = self._module
+        fn = run.state.fn
+        assert fn is not None and run.module is not None
+        module = run.module
         strategy.setup_environment()
         strategy.setup(self)
-        self._strategy_ready = True
-        self._metrics.is_global_zero = strategy.is_global_zero
+        run.strategy_ready = True
+        run.metrics.is_global_zero = strategy.is_global_zero
         module.__dict__["_trainer"] = self
-        datamodule = self._data.datamodule
+        datamodule = run.data.datamodule
         if datamodule is not None:
             datamodule.trainer = self
-        self._callbacks = module_callbacks(self._callbacks, module)
-        self._hooks = self._hook_runner(rebuild=True)
-        self._restored = False
-        self._pending_process = None
+        run.callbacks = module_callbacks(run.callbacks, module)
+        hooks: Any = hook_runner(self, run)
+        run.hooks = hooks
+        run.restored = False
+        run.pending_process = None
         stage = fn.value
         fitting = fn == TrainerFn.FITTING
+        features = run.features
         status = "success"
         try:
             with (
-                torch_flags(self._deterministic, self._benchmark, strategy.root_device),
-                profiling(self, stage),
-                compiled_forward(module, self._compiler),
+                torch_flags(features.deterministic, features.benchmark, strategy.root_device),
+                profiling(self, features.profiler, stage),
+                compiled_forward(module, run.compiler),
             ):
-                self._data.prepare_data(stage)
-                self._hooks.call("setup", stage)
-                self._ckpt_path = checkpointing.resolve_ckpt_path(self, fn, self._ckpt_request)
-                self._model, self._optimizers, self._scheduler_configs = setup_model(
-                    self, with_optimizers=fitting, restoring=self._ckpt_path is not None
+                run.data.prepare_data(stage)
+                hooks.call("setup", stage)
+                run.ckpt_path = checkpointing.resolve_ckpt_path(self, fn, run.ckpt_request)
+                run.model, run.optimizers, run.scheduler_configs = setup_model(
+                    self, run, with_optimizers=fitting, restoring=run.ckpt_path is not None
                 )
-                self._train_results = new_results(self, True) if fitting else self._train_results
-                self._metrics.train = self._train_results if fitting else self._metrics.train
-                self._data.setup(fn)
-                results = run_entry_point(self, fn)
-            return stage_output(self, fn, results)
+                if fitting:
+                    run.train_results = run.metrics.train = new_results(features, strategy, True)
+                run.data.setup(fn)
+                results = run_entry_point(self, run, fn)
+            return stage_output(self, run, fn, results)
         except BaseException as error:
             strategy.on_exception(error)  # first: the hooks below must not wait for peers in a collective
             status = "aborted" if isinstance(error, (KeyboardInterrupt, Preempted)) else "failed"
-            self.state.status = TrainerStatus.INTERRUPTED
-            if self._hooks.on_exception is not None:
-                self._hooks.on_exception(error)
+            run.state.status = TrainerStatus.INTERRUPTED
+            if hooks.on_exception is not None:
+                hooks.on_exception(error)
             raise
         finally:
             try:
-                self._hooks.call("teardown", stage)
+                hooks.call("teardown", stage)
                 if datamodule is not None:
                     datamodule.teardown(stage)
-                self._metrics.finalize(status)
+                run.metrics.finalize(status)
             finally:
                 module._results = None
-                self._strategy_ready = False
+                run.strategy_ready = False
                 release_strategy(strategy)
-
-    def _hook_runner(self, rebuild: bool = False) -> Any:
-        """The hooks of the current module and callbacks, resolved once per entry point."""
-        if self._hooks is None or rebuild:
-            from drivetrain.trainer.callbacks.callback import Callback
-            from drivetrain.trainer.hooks import HookRunner
-
-            self._hooks = HookRunner(
-                self, self._module, self._callbacks, TrainingModule, Callback, self._features.profiler
-            )
-        return self._hooks
-
-    def _run_evaluation(self, stage: RunningStage) -> list[dict[str, float]]:
-        from drivetrain.trainer.loops.evaluation import EvaluationLoop
-
-        return EvaluationLoop(self, stage).run()
-
-    def _run_validation(self) -> None:
-        """Validation inside fit (the fit loop calls this when it is due)."""
-        self._progress.validation_pending = False
-        self._progress.validations_run += 1
-        self._data.reload_if_due(RunningStage.VALIDATING, self._progress.epoch)
-        self._run_evaluation(RunningStage.VALIDATING)
-        self._module._results = self._train_results
-        self.state.stage = RunningStage.TRAINING
-
-    def _restore_rng_if_resuming(self) -> None:
-        if self._pending_process is not None:
-            from drivetrain.strategies.checkpointing import restore_process_state
-
-            restore_process_state(self.strategy, self._pending_process)
-            self._pending_process = None
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(
@@ -552,8 +503,8 @@ class Trainer(TrainerProperties):
         from drivetrain.trainer import checkpointing
         from drivetrain.trainer.entry_points import check_can_save
 
-        check_can_save(self, weights_only)
-        checkpointing.save_checkpoint(self, filepath, weights_only, storage_options)
+        check_can_save(self, self._run, weights_only)
+        checkpointing.save_checkpoint(self, self._run, filepath, weights_only, storage_options)
 
     # -- helpers for callbacks and modules ----------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -568,7 +519,7 @@ class Trainer(TrainerProperties):
             metrics: names and numbers (or one-element tensors).
             step: the x-axis value (default: :attr:`global_step`).
         """
-        self._metrics.log(metrics, step=self.global_step if step is None else step)
+        self._run.metrics.log(metrics, step=self.global_step if step is None else step)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` (same arguments) on global rank 0 only, above any progress bar."""
@@ -594,6 +545,15 @@ class Trainer(TrainerProperties):
 
     def __repr__(self) -> str:
         return f"Trainer(strategy={self._strategy!r}, fn={self.state.fn.value if self.state.fn else None})"
+
+
+def run_state(trainer: Trainer) -> RunState:
+    """The run state of ``trainer``: what the Trainer's own loops, checkpointing and tuner work on.
+
+    Callbacks and modules read the Trainer's public properties instead (``docs/trainer-state.md``);
+    this is for drivetrain's own parts that receive a Trainer from a hook (the tuner's finders).
+    """
+    return trainer._run
 
 
 def _current_epoch(trainer: Trainer) -> int:

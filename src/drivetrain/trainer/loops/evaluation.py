@@ -27,12 +27,13 @@ from drivetrain.trainer.results import new_results
 from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 _DATALOADER_SUFFIX = "/dataloader_idx_"
 
 
-def grad_context(trainer: Trainer) -> Any:
+def grad_context(trainer: Trainer, run: RunState) -> Any:
     """``torch.inference_mode`` for ``validate``/``test``/``predict`` (unless ``inference_mode=False`` or the
     strategy cannot run under it), else ``torch.no_grad``.
 
@@ -41,47 +42,49 @@ def grad_context(trainer: Trainer) -> Any:
     would otherwise be an inference tensor that the training steps after it cannot update.
     """
     if (
-        trainer._settings.inference_mode
-        and trainer.state.fn != TrainerFn.FITTING
+        run.settings.inference_mode
+        and run.state.fn != TrainerFn.FITTING
         and trainer.strategy.supports_inference_mode
     ):
         return torch.inference_mode()
     return torch.no_grad()
 
 
-def step_function(trainer: Trainer, name: str) -> Any:
+def step_function(trainer: Trainer, run: RunState, name: str) -> Any:
     """``module.<name>`` as the evaluation loops call it: through the wrapper only where sharding needs it."""
-    module, model, strategy = trainer._module, trainer._model, trainer.strategy
+    module, model, strategy = run.module, run.model, trainer.strategy
     method = getattr(module, name)
     if strategy.requires_joint_setup and model is not None:
         method = redirected_call(model, module, method)
     step = with_precision(method, strategy.precision)
-    return timed(trainer._features.profiler, f"[TrainingModule]{type(module).__name__}.{name}", step)
+    return timed(run.features.profiler, f"[TrainingModule]{type(module).__name__}.{name}", step)
 
 
 class EvaluationLoop:
     """Runs one validation, sanity check or test pass in this process."""
 
-    def __init__(self, trainer: Trainer, stage: RunningStage) -> None:
+    def __init__(self, trainer: Trainer, run: RunState, stage: RunningStage) -> None:
         self.trainer = trainer
+        self.run_state = run
         self.stage = stage
 
     def run(self) -> list[dict[str, float]]:
-        trainer, stage = self.trainer, self.stage
-        hooks = trainer._hooks
-        module = trainer._module
+        trainer, run, stage = self.trainer, self.run_state, self.stage
+        hooks = run.hooks
+        assert hooks is not None
+        module = run.module
         prefix = "test" if stage == RunningStage.TESTING else "validation"
-        loaders, lengths = trainer._data.eval_loaders(stage)
-        padding = Padding(trainer, lengths, "test" if stage == RunningStage.TESTING else "validation")
-        results = new_results(trainer, False)
-        previous_stage = trainer.state.stage
-        trainer.state.stage = stage
+        loaders, lengths = run.data.eval_loaders(stage)
+        padding = Padding(trainer, module, lengths, "test" if stage == RunningStage.TESTING else "validation")
+        results = new_results(run.features, trainer.strategy, False)
+        previous_stage = run.state.stage
+        run.state.stage = stage
         sanity = stage == RunningStage.SANITY_CHECKING
         if sanity:
             hooks.call("on_sanity_check_start")
         module._results = results
-        modes = enter_eval_mode(trainer, prefix)
-        step = step_function(trainer, f"{prefix}_step")
+        modes = enter_eval_mode(run, prefix)
+        step = step_function(trainer, run, f"{prefix}_step")
         batch_start = getattr(hooks, f"on_{prefix}_batch_start")
         batch_end = getattr(hooks, f"on_{prefix}_batch_end")
         several = len(loaders) > 1
@@ -90,7 +93,7 @@ class EvaluationLoop:
         try:
             hooks.call(f"on_{prefix}_start")
             hooks.call(f"on_{prefix}_epoch_start")
-            with grad_context(trainer):
+            with grad_context(trainer, run):
                 results.batch_level = True
                 for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                     results.suffix = f"{_DATALOADER_SUFFIX}{dataloader_idx}" if several else ""
@@ -115,17 +118,20 @@ class EvaluationLoop:
                 results.reduce_epoch()
                 hooks.call(f"on_{prefix}_epoch_end")
             if not sanity:
-                trainer._metrics.persist(results)
-                trainer._metrics.log(
-                    results.epoch_metrics(logger_only=True), step=trainer._progress.global_step
-                )
+                run.metrics.persist(results)
+                run.metrics.log(results.epoch_metrics(logger_only=True), step=run.progress.global_step)
             hooks.call(f"on_{prefix}_end")
         finally:
-            trainer.state.stage = previous_stage
-            leave_eval_mode(trainer, prefix, modes)
+            run.state.stage = previous_stage
+            leave_eval_mode(run, prefix, modes)
         if sanity:
             hooks.call("on_sanity_check_end")
         return per_loader_results(results.epoch_values, len(loaders))
+
+
+def run_evaluation(trainer: Trainer, run: RunState, stage: RunningStage) -> list[dict[str, float]]:
+    """One validation, sanity check or test pass in this process; one dict of epoch metrics per loader."""
+    return EvaluationLoop(trainer, run, stage).run()
 
 
 def limit_below_length(loader: Any, limit: float) -> float | None:
@@ -138,12 +144,12 @@ def limit_below_length(loader: Any, limit: float) -> float | None:
     return limit if limit < length else None
 
 
-def enter_eval_mode(trainer: Trainer, prefix: str) -> list[tuple[nn.Module, bool]]:
+def enter_eval_mode(run: RunState, prefix: str) -> list[tuple[nn.Module, bool]]:
     """``on_<prefix>_model_eval`` (by default ``trainer.model.eval()``); returns every submodule's mode before it."""
     from drivetrain.trainer.hooks import overrides
     from drivetrain.trainer.module import TrainingModule
 
-    model, module = trainer._model, trainer._module
+    model, module = run.model, run.module
     modes = [(submodule, submodule.training) for submodule in model.modules()]
     hook = f"on_{prefix}_model_eval"
     if overrides(module, TrainingModule, hook):
@@ -153,12 +159,12 @@ def enter_eval_mode(trainer: Trainer, prefix: str) -> list[tuple[nn.Module, bool
     return modes
 
 
-def leave_eval_mode(trainer: Trainer, prefix: str, modes: list[tuple[nn.Module, bool]]) -> None:
+def leave_eval_mode(run: RunState, prefix: str, modes: list[tuple[nn.Module, bool]]) -> None:
     """``on_<prefix>_model_train`` where overridden; otherwise every submodule gets the mode it had."""
     from drivetrain.trainer.hooks import overrides
     from drivetrain.trainer.module import TrainingModule
 
-    module = trainer._module
+    module = run.module
     hook = f"on_{prefix}_model_train"
     if prefix != "predict" and overrides(module, TrainingModule, hook):
         getattr(module, hook)()

@@ -23,23 +23,25 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain.strategies.preemption import PreemptionWatch
 from drivetrain.trainer import preemption
-from drivetrain.trainer.loops.evaluation import limit_below_length
+from drivetrain.trainer.checkpointing import restore_generators
+from drivetrain.trainer.loops.evaluation import limit_below_length, run_evaluation
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.profiling import timed, timed_batches
 from drivetrain.trainer.state import RunningStage
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 
 class FitLoop:
     """Runs ``Trainer.fit`` inside one process, after the model and data are set up."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, run: RunState) -> None:
         self.trainer = trainer
-        settings = trainer._settings
-        self.settings = settings
-        self.num_batches: float = trainer._data.num_training_batches
+        self.run_state = run
+        self.settings = run.settings
+        self.num_batches: float = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
         self._deadline: float | None = None
         self._last_flag = False
@@ -47,8 +49,8 @@ class FitLoop:
 
     # -- schedule -------------------------------------------------------------------------
     def _val_check_batch(self) -> float | None:
-        trainer, settings = self.trainer, self.settings
-        if not trainer._data.validation_enabled:
+        settings = self.settings
+        if not self.run_state.data.validation_enabled:
             return None
         interval = settings.val_check_interval
         if isinstance(interval, float):
@@ -70,7 +72,7 @@ class FitLoop:
 
     def _val_due(self, batches_done: int) -> bool:
         every_n = self.settings.check_val_every_n_epoch
-        progress = self.trainer._progress
+        progress = self.run_state.progress
         if every_n is None:
             return progress.total_batches % self.settings.val_check_interval == 0
         if (progress.epoch + 1) % every_n:
@@ -79,10 +81,10 @@ class FitLoop:
 
     # -- stopping ---------------------------------------------------------------------------
     def _stop_requested(self) -> bool:
-        trainer, settings = self.trainer, self.settings
-        progress = trainer._progress
+        run, settings = self.run_state, self.settings
+        progress = run.progress
         return (
-            trainer.should_stop
+            run.should_stop
             and progress.epoch >= settings.min_epochs
             and progress.global_step >= settings.min_steps
         )
@@ -91,7 +93,7 @@ class FitLoop:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def done(self) -> bool:
-        progress, settings = self.trainer._progress, self.settings
+        progress, settings = self.run_state.progress, self.settings
         if settings.max_steps != -1 and progress.global_step >= settings.max_steps:
             return True
         if settings.max_epochs != -1 and progress.epoch >= settings.max_epochs:
@@ -100,19 +102,20 @@ class FitLoop:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        trainer = self.trainer
-        hooks = trainer._hooks
+        trainer, run = self.trainer, self.run_state
+        hooks = run.hooks
+        assert hooks is not None
         if self.settings.max_time is not None:
             self._deadline = time.monotonic() + self.settings.max_time.total_seconds()
         hooks.call("on_fit_start")
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
-        self.num_batches = trainer._data.num_training_batches
+        self.num_batches = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
-        if self._sanity_steps() and not trainer._restored:
-            trainer._run_evaluation(RunningStage.SANITY_CHECKING)
-        trainer._restore_rng_if_resuming()
+        if self._sanity_steps() and not run.restored:
+            run_evaluation(trainer, run, RunningStage.SANITY_CHECKING)
+        restore_generators(trainer, run)
         hooks.call("on_train_start")
-        with preemption.watching(trainer) as self._preemption:
+        with preemption.watching(trainer, run.progress) as self._preemption:
             while not self.done():
                 self.run_epoch()
         hooks.call("on_train_end")
@@ -124,30 +127,31 @@ class FitLoop:
         return self.settings.num_sanity_val_steps
 
     def run_epoch(self) -> None:
-        trainer = self.trainer
-        progress = trainer._progress
-        hooks = trainer._hooks
-        results = trainer._train_results
+        trainer, run = self.trainer, self.run_state
+        progress = run.progress
+        hooks = run.hooks
+        results = run.train_results
+        assert hooks is not None and results is not None
         # The modules stay in the modes the user chose (a frozen submodule in eval mode stays there), as
         # in Lightning; evaluation puts every submodule back in its mode when it ends.
-        trainer._module._results = results
+        run.module._results = results
         resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
         if not progress.epoch_finished:
             if not resuming:
-                if progress.epoch and trainer._data.reload_if_due(RunningStage.TRAINING, progress.epoch):
-                    self.num_batches = trainer._data.num_training_batches
+                if progress.epoch and run.data.reload_if_due(RunningStage.TRAINING, progress.epoch):
+                    self.num_batches = run.data.num_training_batches
                     self.val_check_batch = self._val_check_batch()
                 results.reset()
                 results.batch_level = False
                 hooks.call("on_train_epoch_start")
             results.batch_level = True
-            profiler = trainer._features.profiler
+            profiler = run.features.profiler
             with profiler.profile("run_training_epoch") if profiler is not None else nullcontext():
                 self._run_batches(self._epoch_iterator())
             results.batch_level = False
             progress.is_last_batch = False
             progress.epoch_ending = True
-            if not resuming and progress.batches_done == 0 and _yields_nothing(trainer._data.train_loader):
+            if not resuming and progress.batches_done == 0 and _yields_nothing(run.data.train_loader):
                 # An unsized loader that yields nothing: every epoch would be empty, forever.
                 raise ValueError(
                     f"The training loader produced no batch in epoch {progress.epoch}, so fit() cannot make "
@@ -159,20 +163,20 @@ class FitLoop:
                 progress.validation_pending = (progress.epoch + 1) % every_n == 0
             results.reduce_epoch()
             if progress.validation_pending:
-                trainer._run_validation()
+                self._validate()
             progress.epoch_finished = True
             hooks.call("on_train_epoch_end")
-            trainer._metrics.log(results.epoch_metrics(logger_only=True), step=progress.global_step)
+            run.metrics.log(results.epoch_metrics(logger_only=True), step=progress.global_step)
         # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
-        if trainer._module.automatic_optimization:  # manual optimisation steps its schedulers itself
+        if run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
             step_schedulers(
-                trainer._scheduler_configs,
+                run.scheduler_configs,
                 "epoch",
                 progress.epoch + 1,
                 trainer.callback_metrics,
-                trainer._optimization.scheduler_step,
+                run.optimization.scheduler_step,
             )
-        trainer._metrics.persist(results)
+        run.metrics.persist(results)
         results.end_epoch()
         progress.epoch += 1
         progress.batches_done = 0
@@ -180,10 +184,10 @@ class FitLoop:
         progress.epoch_ending = False
 
     def _epoch_iterator(self) -> Iterator[Any]:
-        loader = self.trainer._data.train_loader
+        loader = self.run_state.data.train_loader
         # The order depends only on (seed, epoch); a resumed epoch starts where the checkpoint's
         # position put the loader (restored with the checkpoint), without loading the batches before.
-        loader.set_epoch(self.trainer._progress.epoch)
+        loader.set_epoch(self.run_state.progress.epoch)
         iterator = iter(loader)
         if math.isinf(self.num_batches):
             return self._flag_last(iterator)
@@ -206,14 +210,15 @@ class FitLoop:
         yield current
 
     def _run_batches(self, iterator: Iterator[Any]) -> None:
-        trainer = self.trainer
+        trainer, run = self.trainer, self.run_state
         settings = self.settings
-        progress = trainer._progress
-        hooks = trainer._hooks
-        results = trainer._train_results
-        metrics = trainer._metrics
-        optimization = trainer._optimization
-        profiler = trainer._features.profiler
+        progress = run.progress
+        hooks = run.hooks
+        results = run.train_results
+        assert hooks is not None and results is not None
+        metrics = run.metrics
+        optimization = run.optimization
+        profiler = run.features.profiler
         step = timed(profiler, "run_training_batch", optimization.step)
         limit = self.num_batches
         max_steps = settings.max_steps if settings.max_steps != -1 else math.inf
@@ -223,7 +228,7 @@ class FitLoop:
         time_limited = self._deadline is not None
         watch = self._preemption
         batch_idx = progress.batches_done
-        cut = limit_below_length(trainer._data.train_loader, limit)
+        cut = limit_below_length(run.data.train_loader, limit)
         optimization.start_epoch(batch_idx)
         for batch in timed_batches(profiler, "train_dataloader_next", iterator):
             if batch_idx >= limit:
@@ -251,15 +256,26 @@ class FitLoop:
             if watch.pending and watch.stop_here():  # a stop signal reached some rank
                 preemption.stop(trainer, watch)
             if val_due and batch_idx < limit:
-                trainer._run_validation()
+                self._validate()
                 results.batch_level = True
-                trainer._module._results = results
-            if progress.global_step >= max_steps or (trainer.should_stop and self._stop_requested()):
+                run.module._results = results
+            if progress.global_step >= max_steps or (run.should_stop and self._stop_requested()):
                 break
             if time_limited and self._out_of_time():
                 break
             if batch_idx == cut:
                 break  # without reading (and placing) a batch beyond the limit
+
+    def _validate(self) -> None:
+        """Validation inside fit, when it is due."""
+        run = self.run_state
+        progress = run.progress
+        progress.validation_pending = False
+        progress.validations_run += 1
+        run.data.reload_if_due(RunningStage.VALIDATING, progress.epoch)
+        run_evaluation(self.trainer, run, RunningStage.VALIDATING)
+        run.module._results = run.train_results
+        run.state.stage = RunningStage.TRAINING
 
 
 def _yields_nothing(loader: Any) -> bool:

@@ -20,6 +20,7 @@ from drivetrain.trainer.loop_hooks import STEP_HOOKS
 from drivetrain.trainer.optimizers import step_schedulers
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 _MISSING = object()
@@ -103,25 +104,27 @@ class Optimization:
     fast path). Hooks nobody overrides are ``None`` and cost one attribute read.
     """
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, run: RunState) -> None:
         self.trainer = trainer
+        self.run_state = run
         self.step: Callable[[Any, int, bool], Any] = self._not_set_up
 
     def _not_set_up(self, batch: Any, batch_idx: int, end_of_data: bool) -> Any:
         raise AssertionError("Optimization.setup() was not called")
 
     def setup(self, optimizers: list[Optimizer], scheduler_configs: list[Any]) -> None:
-        trainer = self.trainer
-        settings = trainer._settings
-        module, model, strategy = trainer._module, trainer._model, trainer.strategy
+        trainer, run = self.trainer, self.run_state
+        settings = run.settings
+        module, model, strategy = run.module, run.model, trainer.strategy
         self.module, self.model, self.strategy = module, model, strategy
         self._models = (model,)
         self.precision = strategy.precision
-        self.hooks = trainer._hooks
-        self.progress = trainer._progress
+        assert run.hooks is not None
+        self.hooks = run.hooks
+        self.progress = run.progress
         self.optimizers = optimizers
         self.scheduler_configs = scheduler_configs
-        trainer._manual_optimizers = []
+        run.manual_optimizers = []
         self.step_schedulers = [c for c in scheduler_configs if c.interval == "step"]
         self.accumulation = GradientAccumulation(settings.accumulate_grad_batches)
         self.clip_value = settings.gradient_clip_val
@@ -146,7 +149,7 @@ class Optimization:
         training_step = module.training_step
         call = redirected_call(model, module, training_step) if redirect else training_step
         self.training_step = with_precision(call, strategy.precision)
-        profiler = trainer._features.profiler
+        profiler = run.features.profiler
         if profiler is not None:  # decided here, once: an unprofiled step calls the functions themselves
             from drivetrain.trainer.profiling import timed
 
@@ -176,7 +179,7 @@ class Optimization:
                     f"but {type(module).__name__}.automatic_optimization is False. Step the optimizer every N "
                     f"batches in training_step instead."
                 )
-            trainer._manual_optimizers = [ManualOptimizer(o, self) for o in optimizers]
+            run.manual_optimizers = [ManualOptimizer(o, self) for o in optimizers]
             self.step = self._manual_step
             return
         if len(optimizers) != 1:

@@ -32,14 +32,16 @@ from drivetrain.trainer.results import ResultCollection
 from drivetrain.trainer.state import RunningStage
 
 if TYPE_CHECKING:
+    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 
 class PredictionLoop:
     """Runs ``Trainer.predict`` in this process; returns the predictions (one list per loader when several)."""
 
-    def __init__(self, trainer: Trainer, return_predictions: bool) -> None:
+    def __init__(self, trainer: Trainer, run: RunState, return_predictions: bool) -> None:
         self.trainer = trainer
+        self.run_state = run
         self.return_predictions = return_predictions
         #: The dataset indices of the items in the batch being predicted (``None`` when the loader has
         #: no batch sampler to read them from, such as an iterable dataset).
@@ -61,15 +63,16 @@ class PredictionLoop:
         return self._batch_indices[0] if len(self._batch_indices) == 1 else self._batch_indices
 
     def run(self) -> Any:
-        trainer = self.trainer
-        hooks = trainer._hooks
-        module = trainer._module
-        loaders, lengths = trainer._data.eval_loaders(RunningStage.PREDICTING)
-        padding = Padding(trainer, lengths, "predict")
-        trainer.state.stage = RunningStage.PREDICTING
+        trainer, run = self.trainer, self.run_state
+        hooks = run.hooks
+        assert hooks is not None
+        module = run.module
+        loaders, lengths = run.data.eval_loaders(RunningStage.PREDICTING)
+        padding = Padding(trainer, module, lengths, "predict")
+        run.state.stage = RunningStage.PREDICTING
         module._results = ResultCollection(training=False)
-        modes = enter_eval_mode(trainer, "predict")
-        step = step_function(trainer, "predict_step")
+        modes = enter_eval_mode(run, "predict")
+        step = step_function(trainer, run, "predict_step")
         batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
         several = len(loaders) > 1
         keep = self.return_predictions or _writes_per_epoch(trainer.callbacks)
@@ -77,7 +80,7 @@ class PredictionLoop:
         self._batch_indices = []
         hooks.call("on_predict_start")
         hooks.call("on_predict_epoch_start")
-        with grad_context(trainer):
+        with grad_context(trainer, run):
             for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                 collected: list[Any] = []
                 self._predictions.append(collected)
@@ -105,7 +108,7 @@ class PredictionLoop:
                 padding.run(dataloader_idx, step, batch, extra)
         hooks.call("on_predict_epoch_end")
         hooks.call("on_predict_end")
-        leave_eval_mode(trainer, "predict", modes)
+        leave_eval_mode(run, "predict", modes)
         self.current_batch_indices = None
         if not self.return_predictions:
             return None

@@ -25,8 +25,9 @@ _LIMITS = {"test": "limit_test_batches", "predict": "limit_predict_batches"}
 class Padding:
     """How many extra forwards this process runs after each loader; nothing to do on other strategies."""
 
-    def __init__(self, trainer: Trainer, lengths: list[float], what: str) -> None:
+    def __init__(self, trainer: Trainer, module: Any, lengths: list[float], what: str) -> None:
         self.trainer = trainer
+        self.module = module
         self.lengths = lengths
         count = len(lengths)
         self.extra = [0] * count
@@ -69,7 +70,7 @@ class Padding:
         count = self.extra[index]
         if not count:
             return
-        module = self.trainer._module
+        module = self.module
         strategy = self.trainer.strategy
         kept = module._results
         # Values logged with sync_dist on each step still cross processes, as the busier process expects.

@@ -16,10 +16,12 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from drivetrain.strategies import rng
-from drivetrain.trainer.state import FitProgress, RunningStage, TrainerFn
+from drivetrain.trainer.hooks import hook_runner
+from drivetrain.trainer.state import RunningStage, TrainerFn
+from drivetrain.trainer.trainer import run_state
 
 if TYPE_CHECKING:
     from drivetrain.trainer.callbacks.callback import Callback
@@ -31,82 +33,44 @@ class TuningSession:
     """The state of a running fit that trials change, kept in memory: :meth:`restore` puts it back.
 
     The training state (weights, optimizer, scheduler and precision state, random generators) and
-    the Trainer's (settings, progress, callbacks, logged values, loaders).
+    the whole run state (:class:`~drivetrain.trainer.run_state.RunState`: settings, progress,
+    callbacks, hooks, logged values, loaders …), so nothing a trial changes there is forgotten.
     """
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        module = trainer._module
+        run = self.run = run_state(trainer)
+        module = run.module
         self.weights = {name: value.detach().clone() for name, value in module.state_dict().items()}
-        self.optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in trainer._optimizers]
-        self.schedulers = [
-            copy.deepcopy(config.scheduler.state_dict()) for config in trainer._scheduler_configs
-        ]
+        self.optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in run.optimizers]
+        self.schedulers = [copy.deepcopy(config.scheduler.state_dict()) for config in run.scheduler_configs]
         self.precision = copy.deepcopy(trainer.strategy.precision.state_dict())
         self.rng = rng.capture(trainer.strategy)
-        data, metrics = trainer._data, trainer._metrics
-        self.saved: dict[str, Any] = {
-            "settings": trainer._settings,
-            "progress": trainer._progress,
-            "should_stop": trainer.should_stop,
-            "callbacks": trainer._callbacks,
-            "hooks": trainer._hooks,
-            "schedulers": trainer._scheduler_configs,
-            "train_results": trainer._train_results,
-            "stage": trainer.state.stage,
-            "loggers": metrics.loggers,
-            "metrics_train": metrics.train,
-            "persisted": dict(metrics.persisted),
-            "persisted_prog_bar": dict(metrics.persisted_prog_bar),
-            "logged": dict(metrics.logged),
-            "module_results": module._results,
-            "train_loader": data.train_loader,
-            "num_training_batches": data.num_training_batches,
-            "validation_enabled": data.validation_enabled,
-            "eval": data._eval,
-        }
+        self.module_results = module._results
+        self.saved = run.snapshot()
 
     def restore(self) -> None:
         """Everything as when the session started (also the start of every batch-size trial)."""
-        trainer = self.trainer
-        module = trainer._module
+        trainer, run = self.trainer, self.run
+        run.restore(self.saved)
+        module = run.module
         module.load_state_dict(self.weights)
-        for optimizer, state in zip(trainer._optimizers, self.optimizers):
+        for optimizer, state in zip(run.optimizers, self.optimizers):
             optimizer.load_state_dict(copy.deepcopy(state))
             optimizer.zero_grad(set_to_none=True)
-        for config, state in zip(self.saved["schedulers"], self.schedulers):
+        for config, state in zip(run.scheduler_configs, self.schedulers):
             config.scheduler.load_state_dict(copy.deepcopy(state))
         trainer.strategy.precision.load_state_dict(copy.deepcopy(self.precision))
         rng.restore(trainer.strategy, self.rng)
-        saved = self.saved
-        trainer._settings = saved["settings"]
-        trainer._progress = saved["progress"]
-        trainer.should_stop = saved["should_stop"]
-        trainer._callbacks = saved["callbacks"]
-        trainer._hooks = saved["hooks"]
-        trainer._scheduler_configs = saved["schedulers"]
-        trainer._train_results = saved["train_results"]
-        trainer.state.stage = saved["stage"]
-        metrics = trainer._metrics
-        metrics.loggers = saved["loggers"]
-        metrics.train = saved["metrics_train"]
-        metrics.persisted = dict(saved["persisted"])
-        metrics.persisted_prog_bar = dict(saved["persisted_prog_bar"])
-        metrics.logged = dict(saved["logged"])
-        module._results = saved["module_results"]
-        data = trainer._data
-        data.train_loader = saved["train_loader"]
-        data.num_training_batches = saved["num_training_batches"]
-        data.validation_enabled = saved["validation_enabled"]
-        data._eval = saved["eval"]
+        module._results = self.module_results
         # The step binds the progress, hooks and schedulers of the fit: bind them again.
-        trainer._optimization.setup(trainer._optimizers, trainer._scheduler_configs)
+        run.optimization.setup(run.optimizers, run.scheduler_configs)
 
 
 @contextlib.contextmanager
 def tuning_session(trainer: Trainer) -> Iterator[TuningSession]:
     """Everything trials change is as before when the block ends (also after an error)."""
-    if trainer.state.fn != TrainerFn.FITTING or not trainer._optimizers:
+    if trainer.state.fn != TrainerFn.FITTING or not run_state(trainer).optimizers:
         raise RuntimeError(
             "The tuner runs inside trainer.fit(), after the optimizers are set up (in on_fit_start); "
             f"the trainer is running {trainer.state.fn.value if trainer.state.fn else 'nothing'}."
@@ -120,7 +84,7 @@ def tuning_session(trainer: Trainer) -> Iterator[TuningSession]:
 
 def reload_train_data(trainer: Trainer) -> None:
     """Build the fit's loaders again (after the batch size they read has changed)."""
-    trainer._data.setup(TrainerFn.FITTING)
+    run_state(trainer).data.setup(TrainerFn.FITTING)
 
 
 def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> int:
@@ -139,11 +103,12 @@ def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback
     from drivetrain.trainer.loops.fit import FitLoop
     from drivetrain.trainer.results import ResultCollection, collectives_of
 
-    settings = trainer._settings
+    run = run_state(trainer)
+    settings = run.settings
     # Each epoch trains at least one batch, so this many epochs make the steps (a module that skips every
     # batch cannot keep the loop going forever). The fit's own max_epochs still ends the run, as in Lightning.
     epochs = max_steps * settings.accumulate_grad_batches
-    trainer._settings = dataclasses.replace(
+    run.settings = dataclasses.replace(
         settings,
         max_steps=max_steps,
         max_epochs=epochs if settings.max_epochs == -1 else min(settings.max_epochs, epochs),
@@ -152,23 +117,20 @@ def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback
         max_time=None,
         num_sanity_val_steps=0,
     )
-    trainer._progress = FitProgress()
-    trainer.should_stop = False
-    trainer._callbacks = list(callbacks)
-    trainer._hook_runner(rebuild=True)
-    trainer._scheduler_configs = []
-    trainer._train_results = ResultCollection(True, *collectives_of(trainer.strategy))
-    metrics = trainer._metrics
-    metrics.loggers = []
-    metrics.train = trainer._train_results
-    trainer._data.validation_enabled = False
-    trainer._optimization.setup(trainer._optimizers, [])
-    trainer.state.stage = RunningStage.TRAINING
-    return FitLoop(trainer)
+    run.new_fit()
+    run.callbacks = list(callbacks)
+    run.hooks = hook_runner(trainer, run)
+    run.scheduler_configs = []
+    run.train_results = run.metrics.train = ResultCollection(True, *collectives_of(trainer.strategy))
+    run.metrics.loggers = []
+    run.data.validation_enabled = False
+    run.optimization.setup(run.optimizers, [])
+    run.state.stage = RunningStage.TRAINING
+    return FitLoop(trainer, run)
 
 
 def train_steps(trainer: Trainer, loop: FitLoop) -> int:
     """Run the epochs of a loop from :func:`prepare_steps` until its steps are done; returns the steps."""
     while not loop.done():
         loop.run_epoch()
-    return trainer._progress.global_step
+    return run_state(trainer).progress.global_step

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.trainer.trainer import run_state
+
 if TYPE_CHECKING:
     from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
     from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
@@ -172,18 +174,17 @@ class Tuner:
                 f"(each process runs the script) or devices=1, or add the finder callback to the Trainer."
             )
         finder._early_exit = True
-        saved = (trainer._callbacks, trainer._settings, trainer._metrics.loggers)
-        trainer._callbacks = [finder]
+        run = run_state(trainer)
+        saved = (run.callbacks, run.settings, run.metrics.loggers)
+        run.callbacks = [finder]
         # Nothing but the search: no sanity check, and the stop it requests is honoured at once.
-        trainer._settings = dataclasses.replace(
-            trainer._settings, num_sanity_val_steps=0, min_epochs=0, min_steps=0
-        )
-        trainer._metrics.loggers = []
+        run.settings = dataclasses.replace(run.settings, num_sanity_val_steps=0, min_epochs=0, min_steps=0)
+        run.metrics.loggers = []
         try:
             trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)
         finally:
-            trainer._callbacks, trainer._settings, trainer._metrics.loggers = saved
-            trainer.should_stop = False
+            run.callbacks, run.settings, run.metrics.loggers = saved
+            run.should_stop = False
 
 
 def _check_method(method: str, dataloaders: Any) -> None:
