@@ -250,6 +250,19 @@ def test_compile_layers_compiles_each_float8_layer(h100: None) -> None:
     assert not is_compiled(module.net)
 
 
+def test_compile_layers_warns_when_dynamo_would_keep_too_few_shapes(h100: None) -> None:
+    # Dynamo keeps one compiled graph per shape for every layer, up to its recompile limit (8).
+    layers = [nn.Linear(64, 1040 + 16 * index) for index in range(9)]
+    model = nn.Sequential(nn.Linear(8, 64), nn.ModuleList(layers), nn.Linear(64, 8))
+    with pytest.warns(UserWarning, match=r"9 different shapes.*at most 8.*compile='model'"):
+        Float8Precision(compile="layers").convert_module(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Float8Precision().convert_module(
+            nn.Sequential(nn.Linear(8, 64), nn.ModuleList(layers[:3]), nn.Linear(64, 8))
+        )
+
+
 def test_layers_inside_a_module_the_user_compiled_are_left_to_it(
     h100: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -17,7 +17,10 @@ Two ways, chosen by ``Float8Precision(compile=...)``:
     layer nevertheless run outside compiled code (a ``training_step`` that calls layers
     directly instead of the module's ``forward``), it compiles itself at that first eager call.
 ``"layers"``
-    Each float8 layer is compiled on its own: fewer fusions, always honoured.
+    Each float8 layer is compiled on its own: fewer fusions, always honoured. Dynamo keeps one
+    compiled graph per layer shape for all of them, up to ``torch._dynamo.config.recompile_limit``
+    (8 by default) shapes; beyond that a warning says so, since the layers of further shapes would
+    run eagerly.
 
 Which is faster is measured by the GPU check (``benchmarks/README.md``). Layers a compiled module
 of the user's already covers (``module.compile()``, or ``torch.compile(module)`` assigned as a
@@ -27,6 +30,7 @@ inside compiled code is ignored).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +86,8 @@ def compile_float8(
             plan.covered_by_user.append(name)
     if not uncovered:
         return plan
+    if mode == "layers":
+        _warn_beyond_the_recompile_limit(module, uncovered)
     targets = uncovered if mode == "layers" else [_callable_ancestor(module, _common_prefix(uncovered))]
     for target in targets:
         submodule = module.get_submodule(target)
@@ -93,6 +99,22 @@ def compile_float8(
         for name in uncovered:
             _compile_if_run_eagerly(module.get_submodule(name), name, options, ours, said)
     return plan
+
+
+def _warn_beyond_the_recompile_limit(module: nn.Module, names: list[str]) -> None:
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8)
+    shapes = {tuple(module.get_submodule(name).weight.shape) for name in names}
+    if len(shapes) > limit:
+        warnings.warn(
+            f"Float8Precision(compile='layers'): the float8 layers have {len(shapes)} different shapes, and torch.compile "
+            f"keeps compiled code for at most {limit} (torch._dynamo.config.recompile_limit): layers of the other "
+            f"shapes would run eagerly, at the cost of eager float8. Use compile='model', or raise the limit.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _compiled_ancestor(root: nn.Module, name: str) -> str | None:
