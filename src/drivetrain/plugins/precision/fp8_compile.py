@@ -105,8 +105,8 @@ def _warn_beyond_the_recompile_limit(module: nn.Module, names: list[str]) -> Non
     import torch._dynamo
 
     config = torch._dynamo.config
-    limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8)
-    shapes = {tuple(module.get_submodule(name).weight.shape) for name in names}
+    limit: int = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8)
+    shapes = {(layer.in_features, layer.out_features) for layer in map(module.get_submodule, names)}
     if len(shapes) > limit:
         warnings.warn(
             f"Float8Precision(compile='layers'): the float8 layers have {len(shapes)} different shapes, and torch.compile "
