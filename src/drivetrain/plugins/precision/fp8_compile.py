@@ -105,7 +105,7 @@ def _warn_beyond_the_recompile_limit(module: nn.Module, names: list[str]) -> Non
     import torch._dynamo
 
     config = torch._dynamo.config
-    # torch 2.6 renamed cache_size_limit to recompile_limit.
+    # Older torch calls the limit cache_size_limit.
     limit = getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8))
     shapes = {(layer.in_features, layer.out_features) for layer in map(module.get_submodule, names)}
     if len(shapes) > limit:
