@@ -121,7 +121,7 @@ GPT_EAGER = TableSpec(
     rounds=20,
     block_steps=5,
     warmup_steps=3,
-    cap_s=50,
+    cap_s=40,
 )
 GPT_COMPILE = TableSpec(
     name="gpt_compile",
@@ -135,7 +135,7 @@ GPT_COMPILE = TableSpec(
     rounds=20,
     block_steps=5,
     warmup_steps=3,
-    cap_s=100,
+    cap_s=80,
 )
 _FP8_VARIANTS = (
     VariantSpec("raw_bf16", "raw PyTorch, bf16 eager", "raw"),
@@ -221,7 +221,7 @@ FP8 = TableSpec(
     rounds=12,
     block_steps=4,
     warmup_steps=3,
-    cap_s=110,
+    cap_s=120,
 )
 OVERHEAD = TableSpec(
     name="overhead",
