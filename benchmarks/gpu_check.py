@@ -57,9 +57,11 @@ TESTS_CAP_S = 125.0
 CEILING_CAP_S = 15.0
 CHECKPOINT_CAP_S = 40.0
 DRY_CAP_S = 60.0
-#: A table's program stops starting rounds this long before its cap (the last round, the stop, the
-#: final losses and the exit fit in it).
+#: A table's program stops starting rounds this long before its cap once it has 3 (the last round,
+#: the stop, the final losses and the exit fit in it), and never starts one that would end later
+#: than HARD_MARGIN_S before the cap.
 STOP_MARGIN_S = 15.0
+HARD_MARGIN_S = 6.0
 PREAMBLE = (
     "Each training table ran in one process: every variant built once, the variants taking turns in blocks of "
     "optimizer steps (Williams order), each block timed after the GPU finished it. Step times are medians of the "

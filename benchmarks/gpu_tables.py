@@ -246,7 +246,9 @@ OVERHEAD = TableSpec(
 TABLES = (GPT_EAGER, GPT_COMPILE, FP8, OVERHEAD)
 
 
-def program_config(spec: TableSpec, *, dry: bool, peers: bool, seconds: float, record: str) -> dict[str, Any]:
+def program_config(
+    spec: TableSpec, *, dry: bool, peers: bool, seconds: float, record: str, hard_seconds: float | None = None
+) -> dict[str, Any]:
     """``BENCH_CONFIG`` for the table's A/B program (the peers' variants only where they can run)."""
     rounds, block, warmup = spec.settings(dry)
     variants = {
@@ -263,6 +265,7 @@ def program_config(spec: TableSpec, *, dry: bool, peers: bool, seconds: float, r
         "warmup_steps": warmup,
         "timed_steps": rounds * block,
         "seconds": seconds,
+        "hard_seconds": hard_seconds,
         "record": record,
     }
 
@@ -400,6 +403,10 @@ def analyse(
     outcome.problems += _fairness(spec, config, result, dry)
     rounds = min((len(blocks.wall.get(v.name, {})) for v in ran), default=0)
     planned = config["rounds"]
+    if rounds < 3:
+        outcome.problems.append(
+            f"{spec.name}: {rounds} round(s) per variant, fewer than the 3 an interval needs (the time cap came first)"
+        )
     outcome.notes.append(
         f"{rounds} of {planned} planned rounds of {config['block_steps']} steps per variant after {config['warmup_steps']} "
         f"warm-up steps, one process, variants in turns (Williams order)"

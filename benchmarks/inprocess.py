@@ -160,14 +160,21 @@ class Turns:
         log: Callable[[str], None] = lambda _: None,
         *,
         deadline: float | None = None,
+        min_rounds: int = 0,
+        hard_deadline: float | None = None,
         on_round: Callable[[int, dict[str, tuple[float, float]]], None] | None = None,
     ) -> dict[str, Outcome]:
         """Set-up and warm-up turns, then ``rounds`` rounds of timed blocks, then every variant's end.
 
         Args:
-            deadline: ``time.monotonic()`` after which no new round starts; the variants then
-                stop where they are (:class:`StopTraining` at their hand-over) instead of running
-                their remaining steps, and their outcomes say ``stopped``.
+            deadline: ``time.monotonic()`` after which no new round starts once ``min_rounds``
+                rounds are done; the variants then stop where they are (:class:`StopTraining` at
+                their hand-over) instead of running their remaining steps, and their outcomes say
+                ``stopped``.
+            min_rounds: rounds to run past ``deadline`` (the fewest that give an interval), as
+                long as ``hard_deadline`` allows.
+            hard_deadline: no new round starts if, by the previous round's length, it would end
+                after this.
             on_round: called after each round with its index and every variant's (wall, CPU)
                 block, so that a caller can keep what was measured should the process be killed.
         """
@@ -188,13 +195,18 @@ class Turns:
             gc.collect()
             gc.freeze()
             stopping = False
+            last_round = 0.0
             for index, names in enumerate(order):
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                soft = deadline is not None and now >= deadline and index >= min_rounds
+                hard = hard_deadline is not None and now + last_round >= hard_deadline
+                if soft or hard:
                     log(f"    deadline reached after {index} of {rounds} rounds")
                     stopping = True
                     break
                 for name in names:
                     self._turn(self._drivers[name], self.block_steps, timed=True)
+                last_round = time.monotonic() - now
                 if on_round is not None:
                     on_round(
                         index, {d.name: d.blocks[-1] for d in self._drivers.values() if len(d.blocks) > index}

@@ -98,7 +98,10 @@ def test_a_table_killed_at_its_cap_reports_the_rounds_it_wrote_down() -> None:
     outcome = gpu_tables.analyse(
         gpu_tables.OVERHEAD, config, None, records, "stopped at its time cap of 30 s", None
     )
-    assert outcome.problems == ["overhead: stopped at its time cap of 30 s"]
+    assert outcome.problems == [
+        "overhead: stopped at its time cap of 30 s",
+        "overhead: 1 round(s) per variant, fewer than the 3 an interval needs (the time cap came first)",
+    ]
     trainer = next(m for m in outcome.measurements if "Trainer" in m.label)
     assert trainer.interval is not None and trainer.interval.units == 2
     assert trainer.interval.estimate == pytest.approx(1.1)

@@ -4,7 +4,8 @@ The variants are the GPU case's scripts (their ``train(config, hold)``), importe
 process and run by :class:`benchmarks.inprocess.Turns`, which waits for the GPU at the end of
 every block before it takes the time. ``BENCH_CONFIG`` holds the training settings plus
 ``variants`` (name -> ``{"script": ..., "config": {...}}``), ``rounds``, ``block_steps``,
-``warmup_steps``, ``seconds`` (the time after which no new round starts) and ``record`` (a file
+``warmup_steps``, ``seconds`` (the time after which no new round starts once 3 are done),
+``hard_seconds`` (no round starts that would end after it) and ``record`` (a file
 to which every finished round's blocks are appended as one JSON line, so that a process killed at
 its time cap still leaves what it measured). The answer is one ``BENCH_RESULT`` line: each
 variant's (wall, CPU) block times, step count, final loss (also for a variant stopped at the
@@ -75,8 +76,11 @@ def main() -> None:
         synchronize=None if dry else torch.cuda.synchronize,
     )
     deadline = started + config["seconds"] if config.get("seconds") else None
+    hard = started + config["hard_seconds"] if config.get("hard_seconds") else None
     try:
-        outcomes = turns.run(rounds, log=_log, deadline=deadline, on_round=on_round)
+        outcomes = turns.run(
+            rounds, log=_log, deadline=deadline, min_rounds=3, hard_deadline=hard, on_round=on_round
+        )
     except TurnError as error:
         _log(f"A/B run stopped: {error}")
         raise SystemExit(3) from None
