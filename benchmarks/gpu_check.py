@@ -221,6 +221,7 @@ def run_checkpoint(python: str, cap_s: float, scratch: Path, *, dry: bool) -> Ca
         "timed_steps": 0,
         # No final losses to take after the rounds: only the last round and the clean-up.
         "seconds": max(cap_s - 10.0, 1.0),
+        "hard_seconds": max(cap_s - 4.0, 1.0),
         "record": str(record),
         "directory": str(scratch),
     }
@@ -287,6 +288,8 @@ def run_checkpoint(python: str, cap_s: float, scratch: Path, *, dry: bool) -> Ca
             )
         )
         outcome.notes.append(f"{len(rounds)} round(s).")
+    if len(rounds) < 3:
+        outcome.problems.append(f"checkpoint: {len(rounds)} round(s), fewer than the 3 an interval needs")
     if ran.result and ran.result.get("first_async_stall_s") is not None:
         outcome.notes.append(
             f"First background save (pins the host buffers): stall {fmt_seconds(ran.result['first_async_stall_s'])}."
