@@ -70,6 +70,14 @@ class TurnError(RuntimeError):
     """A variant did not hand over within the time allowed (it hangs, or it is far too slow)."""
 
 
+class StopTraining(BaseException):
+    """Raised inside a variant's training at its hand-over once the run's deadline has passed.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no framework's ``except Exception``
+    swallows it; the frameworks' own clean-up on the way out runs as for any error.
+    """
+
+
 @dataclass
 class _Driver:
     name: str
@@ -84,19 +92,25 @@ class _Driver:
     resumed: tuple[float, float] = (0.0, 0.0)
     blocks: list[tuple[float, float]] = field(default_factory=list)
     finished: bool = False
+    stop: bool = False
+    stopped: bool = False
     result: Any = None
     error: str | None = None
 
 
 @dataclass
 class Outcome:
-    """What one variant did: its block times (seconds, one per round), steps, result or error."""
+    """What one variant did: its block times (seconds, one per round), steps, result or error.
+
+    ``stopped``: the run's deadline ended its training early (after whole rounds), so it has no result.
+    """
 
     name: str
     blocks: list[float]
     steps: int
     result: Any = None
     error: str | None = None
+    stopped: bool = False
 
 
 class Turns:
@@ -112,6 +126,9 @@ class Turns:
         register_hook: installs the step hook and returns a handle with ``remove()``
             (torch's ``register_optimizer_step_post_hook``; injectable for tests).
         first_row: where in the Williams design the rounds start.
+        synchronize: called at the end of every turn before its time is taken (on a GPU,
+            ``torch.cuda.synchronize``: the host queues kernels ahead of the device, and a block
+            is over when the device has run them).
     """
 
     def __init__(
@@ -123,6 +140,7 @@ class Turns:
         turn_timeout_s: float = 120.0,
         register_hook: Callable[[Callable[..., None]], Any],
         first_row: int = 0,
+        synchronize: Callable[[], None] | None = None,
     ) -> None:
         if block_steps < 1 or warmup_steps < 1:
             raise ValueError(f"block_steps and warmup_steps must be >= 1, got {block_steps}, {warmup_steps}")
@@ -134,9 +152,32 @@ class Turns:
         self.turn_timeout_s = turn_timeout_s
         self._register_hook = register_hook
         self.first_row = first_row
+        self._synchronize = synchronize
 
-    def run(self, rounds: int, log: Callable[[str], None] = lambda _: None) -> dict[str, Outcome]:
-        """Set-up and warm-up turns, then ``rounds`` rounds of timed blocks, then every variant's end."""
+    def run(
+        self,
+        rounds: int,
+        log: Callable[[str], None] = lambda _: None,
+        *,
+        deadline: float | None = None,
+        min_rounds: int = 0,
+        hard_deadline: float | None = None,
+        on_round: Callable[[int, dict[str, tuple[float, float]]], None] | None = None,
+    ) -> dict[str, Outcome]:
+        """Set-up and warm-up turns, then ``rounds`` rounds of timed blocks, then every variant's end.
+
+        Args:
+            deadline: ``time.monotonic()`` after which no new round starts once ``min_rounds``
+                rounds are done; the variants then stop where they are (:class:`StopTraining` at
+                their hand-over) instead of running their remaining steps, and their outcomes say
+                ``stopped``.
+            min_rounds: rounds to run past ``deadline`` (the fewest that give an interval), as
+                long as ``hard_deadline`` allows.
+            hard_deadline: no new round starts if, by the previous round's length, it would end
+                after this.
+            on_round: called after each round with its index and every variant's (wall, CPU)
+                block, so that a caller can keep what was measured should the process be killed.
+        """
         order = schedule(list(self._drivers), rounds, self.first_row)
         handle = self._register_hook(self._on_step)
         try:
@@ -153,18 +194,33 @@ class Turns:
             # of a pause proportional to the whole heap landing in one variant's block.
             gc.collect()
             gc.freeze()
+            stopping = False
+            last_round = 0.0
             for index, names in enumerate(order):
+                now = time.monotonic()
+                soft = deadline is not None and now >= deadline and index >= min_rounds
+                hard = hard_deadline is not None and now + last_round >= hard_deadline
+                if soft or hard:
+                    log(f"    deadline reached after {index} of {rounds} rounds")
+                    stopping = True
+                    break
                 for name in names:
                     self._turn(self._drivers[name], self.block_steps, timed=True)
+                last_round = time.monotonic() - now
+                if on_round is not None:
+                    on_round(
+                        index, {d.name: d.blocks[-1] for d in self._drivers.values() if len(d.blocks) > index}
+                    )
                 if (index + 1) % max(1, rounds // 10) == 0:
                     log(f"    round {index + 1}/{rounds}")
             for driver in self._drivers.values():
+                driver.stop = stopping
                 self._turn(driver, None, timed=False)
         finally:
             handle.remove()
             gc.unfreeze()
         return {
-            d.name: Outcome(d.name, list(d.blocks), d.steps, d.result, d.error)
+            d.name: Outcome(d.name, list(d.blocks), d.steps, d.result, d.error, d.stopped)
             for d in self._drivers.values()
         }
 
@@ -189,8 +245,14 @@ class Turns:
         driver.resumed = _clocks()
         try:
             driver.result = driver.function()
-        except BaseException:
-            driver.error = traceback.format_exc().strip()
+        except StopTraining:
+            driver.stopped = True
+        except BaseException as error:
+            # A framework may wrap the stop in an error of its own: it is still the stop.
+            if _caused_by_stop(error):
+                driver.stopped = True
+            else:
+                driver.error = traceback.format_exc().strip()
         driver.finished = True
         self._handed_over.release()
 
@@ -203,11 +265,25 @@ class Turns:
         driver.steps_in_turn += 1
         if driver.quota is None or driver.steps_in_turn < driver.quota:
             return
+        if self._synchronize is not None:
+            self._synchronize()
+            now = _clocks()
         if driver.timed:
             driver.blocks.append((now[0] - driver.resumed[0], now[1] - driver.resumed[1]))
         self._handed_over.release()
         driver.go.acquire()
+        if driver.stop:
+            raise StopTraining
         driver.resumed = _clocks()
+
+
+def _caused_by_stop(error: BaseException | None) -> bool:
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, StopTraining):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _clocks() -> tuple[float, float]:

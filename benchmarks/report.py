@@ -205,7 +205,10 @@ def _git_commit() -> str | None:
 # ---------------------------------------------------------------- rendering
 
 
-def render_markdown(title: str, machine: dict[str, Any], results: Sequence[CaseResult]) -> str:
+def render_markdown(
+    title: str, machine: dict[str, Any], results: Sequence[CaseResult], preamble: str | None = None
+) -> str:
+    """The report: machine, versions, how to read the numbers (``preamble`` replaces the default), targets, cases."""
     lines = [f"# {title}", "", _machine_line(machine), ""]
     versions = machine.get("interpreters", {})
     for name, info in versions.items():
@@ -219,7 +222,8 @@ def render_markdown(title: str, machine: dict[str, Any], results: Sequence[CaseR
     if machine.get("drivetrain_sources"):
         lines.append("")
     lines += [
-        "Times: medians over fresh processes with (min–max). Ratios and differences: 20 % trimmed means of "
+        preamble
+        or "Times: medians over fresh processes with (min–max). Ratios and differences: 20 % trimmed means of "
         "the paired rounds with their 95 % bootstrap interval [low, high]; a target is met or missed only "
         "when its whole interval is on one side of the limit, undecided otherwise.",
         "",
@@ -301,7 +305,12 @@ def _machine_line(machine: dict[str, Any]) -> str:
 
 
 def write_results(
-    directory: Path, stem: str, title: str, machine: dict[str, Any], results: Sequence[CaseResult]
+    directory: Path,
+    stem: str,
+    title: str,
+    machine: dict[str, Any],
+    results: Sequence[CaseResult],
+    preamble: str | None = None,
 ) -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.md`` into ``directory``; returns both paths."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -309,5 +318,5 @@ def write_results(
     md_path = directory / f"{stem}.md"
     payload = {"title": title, "machine": machine, "cases": [r.as_dict() for r in results]}
     json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    md_path.write_text(render_markdown(title, machine, results))
+    md_path.write_text(render_markdown(title, machine, results, preamble))
     return json_path, md_path

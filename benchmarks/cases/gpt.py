@@ -1,9 +1,14 @@
 # ruff: noqa: RUF002 (tables and messages use typographic signs on purpose)
 """The GPU case's model and data: a GPT-style decoder on synthetic, learnable tokens.
 
-Like ``common.py`` this runs in every interpreter, so it needs only torch. The full size is about
-110 M parameters (12 layers, width 768, 12 heads, vocabulary 32768, context 1024); the dry-run size
-trains on a CPU in seconds and exercises the same code.
+Like ``common.py`` this runs in every interpreter, so it needs only torch. The config's ``size``
+picks the shape: ``"gpt"`` (default) is about 110 M parameters (12 layers, width 768, 12 heads,
+vocabulary 32768, context 1024, batch 16); ``"batch1"`` is the same model at batch 1 (the
+launch-bound regime, where a framework's host work per step shows); ``"fp8"`` is where float8 is
+meant to pay: width 4096 (32 heads), context 2048, batch 4, 2 layers (545 M parameters: every
+linear layer is large enough by torchao's size guidance, and eight copies with AdamW fit one
+80 GB GPU for the in-process A/B). Each has a dry-run size that trains on a CPU in seconds and
+exercises the same code.
 
 The tokens follow a noisy rule (the next token is ``(7 * previous + 3) mod V`` nine times in ten,
 a random one otherwise), so the loss falls quickly from ``ln V`` and two runs that trained
@@ -24,13 +29,20 @@ from benchmarks.cases import common
 
 SIZES = {
     # layers, width, heads, vocabulary, context, batch
-    "full": (12, 768, 12, 32768, 1024, 16),
-    "dry": (2, 64, 4, 256, 32, 4),
+    "gpt": (12, 768, 12, 32768, 1024, 16),
+    "gpt-dry": (2, 64, 4, 256, 32, 4),
+    "batch1": (12, 768, 12, 32768, 1024, 1),
+    "batch1-dry": (2, 64, 4, 256, 32, 1),
+    "fp8": (2, 4096, 32, 32768, 2048, 4),
+    # 288 wide: the MLP's up projection (out_features 1152) is the one layer large enough to
+    # convert under tensorwise scaling, so the dry run converts and compiles something.
+    "fp8-dry": (2, 288, 4, 512, 64, 2),
 }
 
 
 def size(config: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
-    return SIZES["dry" if config.get("dry_run") else "full"]
+    name = config.get("size", "gpt")
+    return SIZES[name + "-dry" if config.get("dry_run") else name]
 
 
 class Block(nn.Module):
@@ -76,9 +88,31 @@ class GPT(nn.Module):
 
 
 def build_model(config: dict[str, Any]) -> GPT:
+    """The model, initialised from ``config["seed"]`` on the device it trains on (fast for the large size)."""
     layers, width, heads, vocabulary, context, _ = size(config)
     torch.manual_seed(config["seed"])
-    return GPT(layers, width, heads, vocabulary, context)
+    with device_for(config):
+        return GPT(layers, width, heads, vocabulary, context)
+
+
+def float8_layers(model: nn.Module) -> list[str]:
+    """The linear layers drivetrain's ``precision="fp8"`` converts by default, chosen without drivetrain.
+
+    Every ``nn.Linear`` but the first and the last, but those torchao's size guidance for
+    tensorwise scaling expects no gain from (``in_features <= 4096 and out_features <= 1024``),
+    and but those with a size not a multiple of 16: the raw torchao variant converts the same
+    layers, so that the two differ only in the framework.
+    """
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name]
+    edges = {linears[0][0], linears[-1][0]} if linears else set()
+    return [
+        name
+        for name, m in linears
+        if name not in edges
+        and m.in_features % 16 == 0
+        and m.out_features % 16 == 0
+        and not (m.in_features <= 4096 and m.out_features <= 1024)
+    ]
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -249,3 +249,90 @@ def test_the_ddp_ab_pairs_each_door_with_raw_per_round_and_gates_on_the_wall_clo
     assert not ddp_precise_enough([*found, spread], 0.005)
     spread.limit = None
     assert ddp_precise_enough([*found, spread], 0.005)
+
+
+def test_each_turn_waits_for_the_device_before_its_time_is_taken() -> None:
+    events: list[tuple[str, int]] = []
+    running = [0]
+    waits: list[int] = []
+    turns = Turns(
+        {n: _training(n, 1 + 3 * 2, events, running) for n in ("raw", "a")},
+        warmup_steps=1,
+        block_steps=2,
+        register_hook=FakeOptimizer.register,
+        synchronize=lambda: waits.append(len(events)),
+    )
+    turns.run(3)
+    # Once at the end of every turn (warm-up turns and timed blocks), after its last step.
+    assert len(waits) == 2 + 3 * 2
+    assert all(events[count - 1][1] in (0, 2, 4, 6) for count in waits)
+
+
+def test_a_deadline_stops_every_variant_after_whole_rounds_and_keeps_what_was_measured() -> None:
+    events: list[tuple[str, int]] = []
+    running = [0]
+    recorded: list[tuple[int, dict[str, Any]]] = []
+    clock = [0.0]
+    names = ("raw", "a", "b")
+
+    def advancing(name: str) -> Callable[[], str]:
+        inner = _training(name, 1 + 10 * 2, events, running)
+
+        def train() -> str:
+            clock[0] += 1  # each variant's set-up "takes a second"
+            return inner()
+
+        return train
+
+    turns = Turns(
+        {n: advancing(n) for n in names},
+        warmup_steps=1,
+        block_steps=2,
+        register_hook=FakeOptimizer.register,
+    )
+    import benchmarks.inprocess as inprocess
+
+    real = inprocess.time.monotonic
+    inprocess.time.monotonic = lambda: clock[0] + 3 * len(recorded)  # type: ignore[assignment]
+    try:
+        outcomes = turns.run(10, deadline=8.5, on_round=lambda i, blocks: recorded.append((i, blocks)))
+    finally:
+        inprocess.time.monotonic = real  # type: ignore[assignment]
+    assert not running[0]
+    # Set-up took 3 "seconds" and every round 3 more: rounds 0 and 1 ran, then the deadline.
+    assert [index for index, _ in recorded] == [0, 1]
+    assert all(set(blocks) == set(names) for _, blocks in recorded)
+    for name in names:
+        outcome = outcomes[name]
+        assert outcome.stopped and outcome.error is None and outcome.result is None
+        assert outcome.steps == 1 + 2 * 2 and len(outcome.blocks) == 2
+    assert FakeOptimizer.hooks == []
+
+
+@pytest.mark.parametrize(("hard", "expected"), [(None, 3), (14.5, 3), (11.5, 2)])
+def test_the_deadline_waits_for_the_rounds_an_interval_needs_unless_the_hard_one_comes_first(
+    hard: float | None, expected: int
+) -> None:
+    events: list[tuple[str, int]] = []
+    running = [0]
+    recorded: list[int] = []
+    turns = Turns(
+        {n: _training(n, 1 + 10 * 2, events, running) for n in ("raw", "a")},
+        warmup_steps=1,
+        block_steps=2,
+        register_hook=FakeOptimizer.register,
+    )
+    import benchmarks.inprocess as inprocess
+
+    real = inprocess.time.monotonic
+    # Set-up ends at 3 "seconds", every round takes 3: rounds start at 3, 6, 9, 12 ...
+    ticks = iter([v for r in range(11) for v in (3.0 + 3 * r, 6.0 + 3 * r)])
+    inprocess.time.monotonic = lambda: next(ticks)  # type: ignore[assignment]
+    try:
+        outcomes = turns.run(
+            10, deadline=4.0, min_rounds=3, hard_deadline=hard, on_round=lambda i, blocks: recorded.append(i)
+        )
+    finally:
+        inprocess.time.monotonic = real  # type: ignore[assignment]
+    assert len(recorded) == expected
+    assert all(o.stopped and len(o.blocks) == expected for o in outcomes.values())

@@ -1,6 +1,12 @@
 """Lightning's Trainer training the GPT, ``precision="bf16-mixed"``, optional ``torch.compile``."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import lightning as L
+from torch import nn
 
 from benchmarks.cases import common, gpt
 
@@ -24,10 +30,11 @@ class Module(L.LightningModule):
         return gpt.build_optimizer(self.net, self.config)
 
 
-def main() -> None:
-    config = common.load_config()
-    clock = gpt.start_clock(config)
+def train(config: dict[str, Any], hold: Callable[[nn.Module], None] | None = None) -> tuple[Any, Module]:
+    """``config["total_steps"]`` steps through Lightning's ``Trainer.fit``; returns the trainer and the module."""
     module = Module(config)
+    if hold is not None:
+        hold(module)
     trainer = L.Trainer(
         accelerator="cpu" if config.get("dry_run") else "gpu",
         devices=1,
@@ -41,8 +48,13 @@ def main() -> None:
         num_sanity_val_steps=0,
     )
     trainer.fit(module, gpt.build_loader(config))
-    # The final loss goes through the module itself: under FSDP it is the sharded root, whose
-    # forward gathers the parameters (calling ``module.net`` directly would see shards).
+    return trainer, module
+
+
+def main() -> None:
+    config = common.load_config()
+    clock = gpt.start_clock(config)
+    trainer, module = train(config)
     gpt.report(config, clock, module, rank=trainer.global_rank)
 
 

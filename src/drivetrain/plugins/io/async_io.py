@@ -5,7 +5,9 @@ parameters and optimizer state straight away; only the write (serialisation and 
 happens later, in the order the saves were requested. The snapshot is a copy of the tensors to
 CPU memory kept from earlier saves (see :mod:`drivetrain.plugins.io.staging`), written by one
 worker thread; or, when asked for and safe, a fork (the child process sees the state of the call
-by copy-on-write and writes it, see :mod:`drivetrain.plugins.io.forked`).
+by copy-on-write and writes it, see :mod:`drivetrain.plugins.io.forked`). GPU tensors are copied
+into pinned host memory on a side stream, ordered by events, so that neither the training thread
+nor the GPU's compute waits for the copy's host side (see :mod:`drivetrain.plugins.io.device_staging`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from drivetrain._utilities import paths
 from drivetrain.plugins.io import forked
 from drivetrain.plugins.io.checkpoint_io import CheckpointIO
+from drivetrain.plugins.io.device_staging import DeviceLease, DeviceStagingPool
 from drivetrain.plugins.io.staging import Lease, StagingPool, snapshot
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO, reject_storage_options
 
@@ -41,7 +44,9 @@ class AsyncCheckpointIO(CheckpointIO):
     checkpoint's tensors once its ``save_checkpoint`` returns) copy the tensors into CPU memory
     kept from the previous save, which is several times faster than copying into new memory; the
     memory is released by :meth:`teardown`. Any other ``CheckpointIO`` may keep what it is given,
-    so it gets new copies every time.
+    so it gets new copies every time. CUDA tensors go to pinned host memory kept from save to save,
+    copied on a stream of their own: the save returns as soon as the copies are queued, and
+    the GPU's later work waits (on the device) only for the copy itself, never for the disk.
 
     On Linux, ``snapshot="auto"`` or ``"fork"`` snapshots a save to a local path whose tensors are
     all on the CPU without copying: the process forks, and the child, which sees the state as it
@@ -89,6 +94,7 @@ class AsyncCheckpointIO(CheckpointIO):
         self.snapshot = snapshot
         self._queue = _SaveQueue()
         self._staging = StagingPool() if isinstance(self.checkpoint_io, TorchCheckpointIO) else None
+        self._device_staging = DeviceStagingPool() if self._staging is not None else None
         # The finaliser holds the queue, never ``self``, so it cannot keep this object alive.
         weakref.finalize(self, self._queue.close_abandoned)
 
@@ -121,8 +127,21 @@ class AsyncCheckpointIO(CheckpointIO):
                 path, self.checkpoint_io.save_checkpoint, snapshot(checkpoint), path, storage_options
             )
             return
-        staged, lease = self._staging.snapshot(checkpoint)
         save = self.checkpoint_io.save_checkpoint
+        if self._device_staging is not None and self._device_staging.holds_device_tensors(checkpoint):
+            staged, device_lease = self._device_staging.snapshot(checkpoint)
+            self._queue.submit(
+                path,
+                _write_device_staged,
+                save,
+                self._device_staging,
+                device_lease,
+                staged,
+                path,
+                storage_options,
+            )
+            return
+        staged, lease = self._staging.snapshot(checkpoint)
         self._queue.submit(path, _write_staged, save, self._staging, lease, staged, path, storage_options)
 
     def load_checkpoint(
@@ -144,6 +163,8 @@ class AsyncCheckpointIO(CheckpointIO):
         self._queue.shut_down()
         if self._staging is not None:
             self._staging.clear()
+        if self._device_staging is not None:
+            self._device_staging.clear()
         try:
             self._raise_failed_saves()
         finally:
@@ -248,4 +269,12 @@ def _write_staged(save: Any, staging: StagingPool, lease: Lease, *args: Any) -> 
         save(*args)
     finally:
         # Written (or failed and removed): the next snapshot may overwrite these buffers.
+        staging.release(lease)
+
+
+def _write_device_staged(save: Any, staging: DeviceStagingPool, lease: DeviceLease, *args: Any) -> None:
+    try:
+        lease.wait()  # the device copies into the pinned buffers have completed
+        save(*args)
+    finally:
         staging.release(lease)
