@@ -170,3 +170,102 @@ def test_front_doors_and_callbacks_ask_capabilities_not_types() -> None:
                 if _CONCRETE.search(code) or _SNIFFING.search(code):
                     offenders.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
     assert not offenders, "type sniffing in a front door or callback:\n" + "\n".join(offenders)
+
+
+# -- no import cycles ---------------------------------------------------------------------------------
+def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The drivetrain modules ``path`` imports when it runs: module level and inside functions, not under
+    ``TYPE_CHECKING``. ``from package import module`` counts the module; a package's own parents are not
+    counted (importing ``drivetrain.x.y`` runs ``drivetrain/x/__init__.py`` first by design)."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules
+            found |= submodules if len(submodules) == len(node.names) else submodules | {node.module}
+    resolved = set()
+    for name in found:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            resolved.add(name)
+    return resolved
+
+
+def _import_cycles(source: Path) -> list[list[str]]:
+    paths = {
+        ".".join(path.relative_to(source.parent).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in source.rglob("*.py")
+    }
+    modules = set(paths)
+    graph = {
+        module: {
+            target
+            for target in _runtime_imports(path, modules)
+            if target != module and not module.startswith(target + ".")
+        }
+        for module, path in paths.items()
+    }
+    # Tarjan's strongly connected components: every group of two or more modules is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No module imports, even inside a function, one that imports it back: each layer reads top to bottom."""
+    assert _import_cycles(SOURCE) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
+    package = tmp_path / "drivetrain"
+    files = {
+        "__init__.py": "",
+        "strategies/__init__.py": "",
+        "strategies/strategy.py": "from drivetrain.strategies.step_policy import clip\n",
+        "strategies/step_policy.py": "def clip():\n    from drivetrain.strategies.strategy import Strategy\n",
+        "strategies/other.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from drivetrain.strategies import strategy\n"
+        ),
+    }
+    for name, code in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(code)
+    assert _import_cycles(package) == [
+        ["drivetrain.strategies.step_policy", "drivetrain.strategies.strategy"]
+    ]

@@ -12,7 +12,6 @@ import torch
 
 from drivetrain.profilers import AdvancedProfiler, PassThroughProfiler, PyTorchProfiler, SimpleProfiler
 from drivetrain.trainer.callbacks import Callback
-from drivetrain.trainer.trainer import run_state
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -115,5 +114,5 @@ def test_without_a_profiler_the_steps_are_not_wrapped() -> None:
     model = EpochEnd()
     trainer.fit(model, loader(regression_data(8)))
     # The per-step path calls the module's own functions: no timing wrapper in between.
-    assert run_state(trainer).optimization.training_step == model.training_step
-    assert run_state(trainer).hooks.on_train_epoch_end == model.on_train_epoch_end
+    assert trainer.run_state.optimization.training_step == model.training_step
+    assert trainer.run_state.hooks.on_train_epoch_end == model.on_train_epoch_end

@@ -7,7 +7,6 @@ from typing import Any
 
 from drivetrain.trainer.callbacks import Callback, LearningRateFinder
 from drivetrain.trainer.run_state import RunState
-from drivetrain.trainer.trainer import run_state
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -31,7 +30,7 @@ def _fingerprint(run: RunState) -> dict[str, Any]:
 
 
 def test_restore_puts_back_every_field_whatever_replaced_it() -> None:
-    run = run_state(quiet_trainer(max_epochs=1))
+    run = quiet_trainer(max_epochs=1).run_state
     before = _fingerprint(run)
     saved = run.snapshot()
     for field in dataclasses.fields(run):
@@ -41,7 +40,7 @@ def test_restore_puts_back_every_field_whatever_replaced_it() -> None:
 
 
 def test_restore_undoes_changes_made_inside_components() -> None:
-    run = run_state(quiet_trainer(max_epochs=1))
+    run = quiet_trainer(max_epochs=1).run_state
     before = _fingerprint(run)
     saved = run.snapshot()
     run.metrics.persisted["val_loss"] = 1.0
@@ -64,7 +63,7 @@ class _Fingerprints(Callback):
         self.into = into
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.into.append(_fingerprint(run_state(trainer)))
+        self.into.append(_fingerprint(trainer.run_state))
 
 
 def test_a_learning_rate_search_leaves_the_run_state_as_it_found_it() -> None:

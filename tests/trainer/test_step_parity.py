@@ -20,7 +20,6 @@ from torch import nn
 
 from drivetrain.trainer.callbacks import Callback
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
-from drivetrain.trainer.trainer import run_state
 from helpers.peers import lightning_results_file
 from helpers.peers import peers_python as lightning_python
 from helpers.scripts import run_command
@@ -145,7 +144,7 @@ def test_gradients_stay_readable_after_the_step(accumulate: int) -> None:
         max_epochs=1, limit_train_batches=4, accumulate_grad_batches=accumulate, callbacks=[callback]
     )
     trainer.fit(module, loader(data, batch_size=8))
-    assert run_state(trainer).optimization.step == run_state(trainer).optimization._automatic_step
+    assert trainer.run_state.optimization.step == trainer.run_state.optimization._automatic_step
     # Each batch's own gradient of the (accumulation-divided) loss, computed by hand.
     per_batch = []
     for index in range(4):

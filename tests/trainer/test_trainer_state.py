@@ -95,7 +95,8 @@ def test_nothing_outside_the_trainer_reads_its_private_attributes(tmp_path: Path
 
 
 def test_the_reach_detector_sees_a_private_read() -> None:
-    """The detector above is live: a read of ``trainer._run`` from drivetrain's code outside the Trainer is caught."""
+    """The detector above is live: a read of ``trainer._run`` from drivetrain's code outside the Trainer is caught
+    (the loops reach the run state through the public ``trainer.run_state``)."""
     from drivetrain.trainer import run_state as module
 
     watched = _Watched(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)

@@ -21,8 +21,9 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Accelerator": "drivetrain.facade.accelerator",
-        "AcceleratorState": "drivetrain.facade.process_state",
-        "PartialState": "drivetrain.facade.process_state",
+        # Through the Accelerator's module: the views make an Accelerator when none exists yet.
+        "AcceleratorState": "drivetrain.facade.accelerator",
+        "PartialState": "drivetrain.facade.accelerator",
         "GradientState": "drivetrain.facade.state",
         "PrecisionForward": "drivetrain.plugins.precision.forward",
         "PreparedOptimizer": "drivetrain.facade.wrappers",

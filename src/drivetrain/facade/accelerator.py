@@ -27,6 +27,7 @@ from drivetrain.facade import settings, tracking
 from drivetrain.facade.checkpointing import Checkpointing
 from drivetrain.facade.model_saving import ModelSaving
 from drivetrain.facade.preparation import Preparation
+from drivetrain.facade.process_state import AcceleratorState, PartialState
 from drivetrain.facade.tracking import Tracking
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.step_policy import (
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
     from drivetrain.connector import PluginInput
     from drivetrain.data.loader import PreparedDataLoader
-    from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.plugins.precision.precision import Precision
     from drivetrain.strategies.layout import ParallelismConfig
     from drivetrain.strategies.strategy import Strategy
@@ -263,8 +263,6 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         """This Accelerator's :class:`~drivetrain.facade.AcceleratorState` (a view of its processes)."""
         state = self.__dict__.get("_state")
         if state is None:
-            from drivetrain.facade.process_state import AcceleratorState
-
             state = self.__dict__["_state"] = AcceleratorState._view(self)
         return state
 
@@ -537,3 +535,18 @@ def _parameter_list(parameters: Iterable[Tensor] | Tensor, method: str) -> list[
             f"{method}() clips the gradients of parameters: it takes an iterable of parameters, got "
             f"{type(parameters).__name__}. Pass {fix}."
         ) from None
+
+
+# What PartialState() and AcceleratorState() view when no Accelerator exists yet: one made on demand, kept for
+# the process's lifetime (its processes are joined once, a process group per process).
+_implicit: list[Accelerator] = []
+
+
+def _implicit_accelerator(cpu: bool) -> Accelerator:
+    _implicit.append(Accelerator(cpu=cpu))
+    return _implicit[-1]
+
+
+current.set_implicit_owner_factory(_implicit_accelerator)
+
+__all__ = ["Accelerator", "AcceleratorState", "PartialState"]

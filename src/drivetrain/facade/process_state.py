@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from drivetrain.utils.configuration import DistributedType
     from drivetrain.utils.dynamo import TorchDynamoPlugin
 
-# The Accelerator a PartialState built because none existed: the process's processes are joined
-# once (a process group per process), so it stays for the process's lifetime.
-_joined: list[Accelerator] = []
-
 
 def distributed_type_of(strategy: Strategy, device: torch.device) -> DistributedType:
     """Accelerate's name for how ``strategy`` organises the processes."""
@@ -58,16 +54,6 @@ def distributed_type_of(strategy: Strategy, device: torch.device) -> Distributed
         "xpu": DistributedType.MULTI_XPU,
         "mps": DistributedType.MULTI_MPS,
     }.get(device.type, DistributedType.MULTI_CPU)
-
-
-def _owner_for(cpu: bool) -> Accelerator:
-    owner = current.current_owner()
-    if owner is not None:
-        return owner  # type: ignore[return-value]
-    from drivetrain.facade.accelerator import Accelerator
-
-    _joined.append(Accelerator(cpu=cpu))
-    return _joined[-1]
 
 
 class PartialState:
@@ -92,7 +78,7 @@ class PartialState:
                 f"drivetrain.Accelerator; pass process-group and precision settings to drivetrain.Accelerator(...) "
                 f"and read its .state."
             )
-        object.__setattr__(self, "_owner", _owner_for(cpu))
+        object.__setattr__(self, "_owner", current.owner_or_implicit(cpu))
 
     @classmethod
     def _view(cls, owner: Accelerator) -> Any:

@@ -261,30 +261,3 @@ def plain_optimizer_step(
 
 
 PLAIN_STEP_FUNCTIONS = StepFunctions(plain_backward, plain_optimizer_step)
-
-
-def step_functions_for(strategy: Strategy) -> StepFunctions:
-    """What :meth:`Strategy.step_functions <drivetrain.strategies.Strategy.step_functions>` returns.
-
-    The plain torch calls where neither ``strategy`` nor its precision overrides the base class's
-    backward (and its pre/post hooks) or optimizer step; the strategy's own methods otherwise.
-    """
-    from drivetrain.plugins.precision.precision import Precision
-    from drivetrain.strategies.strategy import Strategy
-
-    precision = type(strategy.precision)
-    backward: Callable[..., None] = strategy.backward
-    optimizer_step: Callable[..., Any] = strategy.optimizer_step
-    if (
-        type(strategy).backward is Strategy.backward
-        and precision.pre_backward is Precision.pre_backward
-        and precision.backward is Precision.backward
-        and precision.post_backward is Precision.post_backward
-    ):
-        backward = plain_backward
-    if (
-        type(strategy).optimizer_step is Strategy.optimizer_step
-        and precision.optimizer_step is Precision.optimizer_step
-    ):
-        optimizer_step = plain_optimizer_step
-    return StepFunctions(backward, optimizer_step)

@@ -27,7 +27,8 @@ from drivetrain.strategies.module_init import skip_parameter_init
 from drivetrain.strategies.state_dicts import checkpoint_into_state, read_through, state_to_checkpoint
 from drivetrain.strategies.step_policy import (
     StepFunctions,
-    step_functions_for,
+    plain_backward,
+    plain_optimizer_step,
     unscale_and_clip,
 )
 
@@ -309,7 +310,22 @@ class Strategy(StrategyCapabilities):
         returned, which saves a few Python calls per step. Otherwise this strategy's own methods.
         Front doors ask once per run, after the strategy is set up.
         """
-        return step_functions_for(self)
+        precision = type(self.precision)
+        backward: Callable[..., None] = self.backward
+        optimizer_step: Callable[..., Any] = self.optimizer_step
+        if (
+            type(self).backward is Strategy.backward
+            and precision.pre_backward is Precision.pre_backward
+            and precision.backward is Precision.backward
+            and precision.post_backward is Precision.post_backward
+        ):
+            backward = plain_backward
+        if (
+            type(self).optimizer_step is Strategy.optimizer_step
+            and precision.optimizer_step is Precision.optimizer_step
+        ):
+            optimizer_step = plain_optimizer_step
+        return StepFunctions(backward, optimizer_step)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward passes inside this context (accumulation)."""

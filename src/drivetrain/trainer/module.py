@@ -24,7 +24,6 @@ from drivetrain.trainer.module_tools import ModuleTools
 
 if TYPE_CHECKING:
     from drivetrain.loggers.logger import Logger
-    from drivetrain.trainer.run_state import RunState
     from drivetrain.trainer.trainer import Trainer
 
 M = TypeVar("M", bound="TrainingModule")
@@ -90,7 +89,7 @@ class TrainingModule(LoopHooks, ModuleTools):
     def device(self) -> torch.device:
         """The device this module computes on."""
         trainer = self.__dict__.get("_trainer")
-        if trainer is not None and _run_of(trainer).strategy_ready:
+        if trainer is not None and trainer.run_state.strategy_ready:
             return trainer.strategy.root_device
         for parameter in self.parameters():
             return parameter.device
@@ -327,7 +326,7 @@ class TrainingModule(LoopHooks, ModuleTools):
         global step.
         """
         trainer = self.trainer
-        optimizers = _run_of(trainer).manual_optimizers or trainer.optimizers
+        optimizers = trainer.run_state.manual_optimizers or trainer.optimizers
         if not optimizers:
             raise RuntimeError(
                 f"{type(self).__name__}.optimizers() has nothing to return yet: the optimizers are made from "
@@ -344,7 +343,7 @@ class TrainingModule(LoopHooks, ModuleTools):
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()`` through the strategy (loss scaling, DDP), for manual optimisation."""
-        _run_of(self.trainer).optimization.manual_backward(loss, *args, **kwargs)
+        self.trainer.run_state.optimization.manual_backward(loss, *args, **kwargs)
 
     def clip_gradients(
         self,
@@ -353,7 +352,7 @@ class TrainingModule(LoopHooks, ModuleTools):
         gradient_clip_algorithm: str = "norm",
     ) -> Tensor | None:
         """Clip the gradients of ``optimizer``'s parameters by total norm or by value."""
-        return _run_of(self.trainer).optimization.clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        return self.trainer.run_state.optimization.clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def all_gather(self, data: Tensor, sync_grads: bool = False) -> Tensor:
         """Stack ``data`` from every process along a new first dimension."""
@@ -401,9 +400,3 @@ class TrainingModule(LoopHooks, ModuleTools):
         state["_trainer"] = None  # the Trainer re-attaches itself; copying it along would copy the run
         state["_results"] = None
         return state
-
-
-def _run_of(trainer: Trainer) -> RunState:
-    from drivetrain.trainer.trainer import run_state  # the Trainer imports this module
-
-    return run_state(trainer)

@@ -34,6 +34,16 @@ class TrainerProperties:
     _default_root_dir: str
 
     @property
+    def run_state(self) -> RunState:
+        """What the current (or last) run is made of, as the Trainer's loops, checkpointing and tuner share it.
+
+        For drivetrain's own components and for extensions at the level of the loops (a custom loop, a
+        tuner). Callbacks and modules should read the properties documented in ``docs/trainer-state.md``,
+        which stay stable; the run state's fields follow the implementation.
+        """
+        return self._run
+
+    @property
     def state(self) -> TrainerState:
         """``trainer.state``: the entry point (``fn``), its ``status`` and the running ``stage``."""
         return self._run.state

@@ -547,14 +547,5 @@ class Trainer(TrainerProperties):
         return f"Trainer(strategy={self._strategy!r}, fn={self.state.fn.value if self.state.fn else None})"
 
 
-def run_state(trainer: Trainer) -> RunState:
-    """The run state of ``trainer``: what the Trainer's own loops, checkpointing and tuner work on.
-
-    Callbacks and modules read the Trainer's public properties instead (``docs/trainer-state.md``);
-    this is for drivetrain's own parts that receive a Trainer from a hook (the tuner's finders).
-    """
-    return trainer._run
-
-
 def _current_epoch(trainer: Trainer) -> int:
     return trainer.current_epoch

@@ -9,6 +9,7 @@ reference, not global state to set up or reset: when the Accelerator goes, so do
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -39,6 +40,29 @@ def current_owner() -> HasStrategy | None:
             return owner
         _owners.pop()
     return None
+
+
+# Makes an owner when a view of the run (``PartialState()``) is asked for before any Accelerator exists:
+# registered by ``drivetrain.Accelerator``'s module, which the views' modules do not import.
+_implicit_owner_factory: list[Callable[[bool], HasStrategy]] = []
+
+
+def set_implicit_owner_factory(factory: Callable[[bool], HasStrategy]) -> None:
+    """Register what :func:`owner_or_implicit` calls when no owner is alive (``drivetrain.Accelerator`` does)."""
+    _implicit_owner_factory[:] = [factory]
+
+
+def owner_or_implicit(cpu: bool) -> HasStrategy:
+    """The latest live owner, or one made now by the registered factory (on the CPU when ``cpu``)."""
+    owner = current_owner()
+    if owner is not None:
+        return owner
+    if not _implicit_owner_factory:
+        raise RuntimeError(
+            "No drivetrain.Accelerator exists in this process, and none can be made here. Create one first "
+            "(accelerator = drivetrain.Accelerator()) and read accelerator.state, or use drivetrain.PartialState."
+        )
+    return _implicit_owner_factory[0](cpu)
 
 
 def current_strategy() -> Strategy | None:

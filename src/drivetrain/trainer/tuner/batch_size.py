@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities.log import get_logger
-from drivetrain.trainer.trainer import run_state
 from drivetrain.trainer.tuner.attributes import get_attribute, has_attribute, set_attribute
 from drivetrain.trainer.tuner.memory_limit import (
     Footprint,
@@ -114,7 +113,7 @@ def scale_batch_size(
             f"{trainer.strategy.root_device}, where the search stops at the device's own out-of-memory error. "
             f"Leave max_memory out."
         )
-    if "train" in run_state(trainer).data.given:
+    if "train" in trainer.run_state.data.given:
         raise ValueError(
             "Batch-size scaling builds the training loader again for each trial, so it cannot use a loader "
             "passed to fit(train_dataloaders=...). Build it in the module's or DataModule's train_dataloader() "
@@ -188,7 +187,7 @@ def _dataset_size(trainer: Trainer) -> int | None:
 
 def _training_tensors(trainer: Trainer) -> list[Any]:
     """What a training step keeps in memory before it starts: weights, buffers and optimizer state."""
-    tensors: list[Any] = list(run_state(trainer).module.state_dict(keep_vars=True).values())
+    tensors: list[Any] = list(trainer.run_state.module.state_dict(keep_vars=True).values())
     for optimizer in trainer.optimizers:
         for state in optimizer.state.values():
             tensors.extend(state.values())

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from drivetrain.strategies import rng
 from drivetrain.trainer.hooks import hook_runner
 from drivetrain.trainer.state import RunningStage, TrainerFn
-from drivetrain.trainer.trainer import run_state
 
 if TYPE_CHECKING:
     from drivetrain.trainer.callbacks.callback import Callback
@@ -39,7 +38,7 @@ class TuningSession:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        run = self.run = run_state(trainer)
+        run = self.run = trainer.run_state
         module = run.module
         self.weights = {name: value.detach().clone() for name, value in module.state_dict().items()}
         self.optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in run.optimizers]
@@ -70,7 +69,7 @@ class TuningSession:
 @contextlib.contextmanager
 def tuning_session(trainer: Trainer) -> Iterator[TuningSession]:
     """Everything trials change is as before when the block ends (also after an error)."""
-    if trainer.state.fn != TrainerFn.FITTING or not run_state(trainer).optimizers:
+    if trainer.state.fn != TrainerFn.FITTING or not trainer.run_state.optimizers:
         raise RuntimeError(
             "The tuner runs inside trainer.fit(), after the optimizers are set up (in on_fit_start); "
             f"the trainer is running {trainer.state.fn.value if trainer.state.fn else 'nothing'}."
@@ -84,7 +83,7 @@ def tuning_session(trainer: Trainer) -> Iterator[TuningSession]:
 
 def reload_train_data(trainer: Trainer) -> None:
     """Build the fit's loaders again (after the batch size they read has changed)."""
-    run_state(trainer).data.setup(TrainerFn.FITTING)
+    trainer.run_state.data.setup(TrainerFn.FITTING)
 
 
 def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> int:
@@ -103,7 +102,7 @@ def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback
     from drivetrain.trainer.loops.fit import FitLoop
     from drivetrain.trainer.results import ResultCollection, collectives_of
 
-    run = run_state(trainer)
+    run = trainer.run_state
     settings = run.settings
     # Each epoch trains at least one batch, so this many epochs make the steps (a module that skips every
     # batch cannot keep the loop going forever). The fit's own max_epochs still ends the run, as in Lightning.
@@ -133,4 +132,4 @@ def train_steps(trainer: Trainer, loop: FitLoop) -> int:
     """Run the epochs of a loop from :func:`prepare_steps` until its steps are done; returns the steps."""
     while not loop.done():
         loop.run_epoch()
-    return run_state(trainer).progress.global_step
+    return trainer.run_state.progress.global_step

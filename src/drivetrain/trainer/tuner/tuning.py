@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.trainer.trainer import run_state
-
 if TYPE_CHECKING:
     from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
     from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
@@ -174,7 +172,7 @@ class Tuner:
                 f"(each process runs the script) or devices=1, or add the finder callback to the Trainer."
             )
         finder._early_exit = True
-        run = run_state(trainer)
+        run = trainer.run_state
         saved = (run.callbacks, run.settings, run.metrics.loggers)
         run.callbacks = [finder]
         # Nothing but the search: no sanity check, and the stop it requests is honoured at once.
