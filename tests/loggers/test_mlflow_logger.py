@@ -81,8 +81,8 @@ def test_trainer_logs_params_metrics_and_checkpoint_artifacts(mlflow_dir: Path, 
     client = _client(mlflow_dir)
     run = client.get_run(logger.run_id)
     assert run.data.params == {"features": "4", "lr": "0.05", "dropout": "0.0", "optimizer": "sgd"}
-    assert [m.step for m in client.get_metric_history(logger.run_id, "train_loss")] == [4, 8, 12, 16]
-    assert [m.step for m in client.get_metric_history(logger.run_id, "val_loss")] == [8, 16]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train_loss")] == [3, 7, 11, 15]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "val_loss")] == [7, 15]
     assert {m.value for m in client.get_metric_history(logger.run_id, "epoch")} == {0.0, 1.0}
     uploaded = sorted(a.path for a in client.list_artifacts(logger.run_id, "checkpoints"))
     assert "checkpoints/last.ckpt" in uploaded

@@ -81,8 +81,8 @@ def test_trainer_logs_hparams_metrics_and_checkpoints_as_artifacts(tmp_path: Pat
         "features": 4,
         "optimizer": "sgd",
     }
-    assert [r["trainer/global_step"] for r in run.history if "train_loss" in r] == [4, 8, 12, 16]
-    assert [r["trainer/global_step"] for r in run.history if "val_loss" in r] == [8, 16]
+    assert [r["trainer/global_step"] for r in run.history if "train_loss" in r] == [3, 7, 11, 15]
+    assert [r["trainer/global_step"] for r in run.history if "val_loss" in r] == [7, 15]
     assert [a["name"] for a in run.artifacts] == [f"model-{run.run_id}"] * len(run.artifacts)
     assert {a["files"][0] for a in run.artifacts} == {"model.ckpt"}
     best = [a for a in run.artifacts if "best" in a["aliases"]]

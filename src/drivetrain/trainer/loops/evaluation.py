@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
 from drivetrain.trainer.loops.uneven import Padding
 from drivetrain.trainer.profiling import timed
@@ -116,9 +117,12 @@ class EvaluationLoop:
                 hooks.call(f"on_{prefix}_epoch_end")
             if not sanity:
                 trainer._metrics.persist(results)
-                trainer._metrics.log(
-                    results.epoch_metrics(logger_only=True), step=trainer._progress.global_step
+                progress = trainer._progress
+                stepped = batches_that_stepped(
+                    progress.global_step, progress.total_batches, not trainer._module.automatic_optimization
                 )
+                step = trainer._metrics.evaluation_step(trainer.state.fn == TrainerFn.FITTING, stepped)
+                trainer._metrics.log(results.epoch_metrics(logger_only=True), step=step)
             hooks.call(f"on_{prefix}_end")
         finally:
             trainer.state.stage = previous_stage
