@@ -12,6 +12,10 @@ is rewritten (the source stays as it is):
 * reStructuredText literal blocks (a paragraph ending in ``::`` and an indented block) become
   fenced code blocks.
 
+It also drops instance attributes that have no docstring (what ``__init__`` stores, such as a
+callback's arguments), which would otherwise be listed as ``attr name = name``; undocumented
+methods, such as a base class's hooks, and dataclass fields stay listed.
+
 Loaded by mkdocstrings (``extensions`` in mkdocs.yml); see docs/writing-docs.md.
 """
 
@@ -35,9 +39,19 @@ class SphinxHabits(griffe.Extension):
     """Rewrites each loaded object's docstring (see the module docstring)."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
-        for obj in _walk(pkg):
+        for obj in list(_walk(pkg)):
             if obj.docstring is not None:
                 obj.docstring.value = rewrite(obj.docstring.value, obj)
+            if obj.is_class:
+                for name, member in list(obj.members.items()):
+                    if (
+                        not member.is_alias
+                        and member.is_attribute
+                        and "instance-attribute" in member.labels
+                        and "class-attribute" not in member.labels  # a dataclass field
+                        and member.docstring is None
+                    ):
+                        del obj.members[name]
 
 
 def _walk(obj: griffe.Object) -> Any:

@@ -96,6 +96,10 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         fp16: ``True`` means ``mixed_precision="fp16"`` (Accelerate's older spelling).
         dispatch_batches: as in ``DataLoaderConfiguration``.
         even_batches: as in ``DataLoaderConfiguration``.
+        deepspeed_plugin: not taken: a ``ValueError`` naming ``strategy="deepspeed_stage_2"`` (or a
+            ``DeepSpeedStrategy``) instead.
+        fsdp_plugin: not taken: a ``ValueError`` naming ``strategy="fsdp"`` (or an ``FSDPStrategy``).
+        megatron_lm_plugin: not taken (Megatron-LM is not supported): a ``ValueError``.
         parallelism_config: a :class:`~drivetrain.ParallelismConfig` (``dp_replicate_size``,
             ``dp_shard_size``, ``tp_size``, ``cp_size``): tensor parallel x FSDP2 (HSDP when
             replicated) on one device mesh (``strategy="model_parallel"``).
