@@ -57,11 +57,8 @@ def test_trainer_ddp_logs_one_run_per_tracker_with_checkpoints(tmp_path: Path, m
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 3, 5, 7, 9, 11]
     assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [3, 7, 11]
     assert len(client.get_metric_history(run_id, "test_loss")) == 1
-    uploaded = sorted(a.path for a in client.list_artifacts(run_id, "checkpoints"))
-    assert uploaded == [
-        "checkpoints/epoch=1.ckpt",
-        "checkpoints/epoch=2.ckpt",
-    ]  # log_model=True: the kept top-2
+    uploaded = sorted(a.path for a in client.list_artifacts(run_id))
+    assert uploaded == ["epoch=1", "epoch=2"]  # log_model=True: the kept top-2, each in <stem>/ (Lightning's layout)
 
 
 def test_trainer_ddp_spawn_by_name_logs_into_the_run_the_parent_named(
