@@ -15,7 +15,7 @@ import os
 import secrets
 import string
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -239,7 +239,7 @@ class WandbLogger(Logger):
     def log_table(
         self,
         key: str,
-        columns: list[str] | None = None,
+        columns: Sequence[str | int] | None = None,
         data: list[list[Any]] | None = None,
         dataframe: Any = None,
         step: int | None = None,
@@ -252,12 +252,15 @@ class WandbLogger(Logger):
             return
         import wandb
 
-        self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step=step)
+        table = wandb.Table(
+            columns=list(columns) if columns is not None else None, data=data, dataframe=dataframe
+        )
+        self.log_metrics({key: table}, step=step)
 
     def log_text(
         self,
         key: str,
-        columns: list[str] | None = None,
+        columns: Sequence[str] | None = None,
         data: list[list[str]] | None = None,
         dataframe: Any = None,
         step: int | None = None,
