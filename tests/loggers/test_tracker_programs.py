@@ -58,7 +58,10 @@ def test_trainer_ddp_logs_one_run_per_tracker_with_checkpoints(tmp_path: Path, m
     assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [3, 7, 11]
     assert len(client.get_metric_history(run_id, "test_loss")) == 1
     uploaded = sorted(a.path for a in client.list_artifacts(run_id))
-    assert uploaded == ["epoch=1", "epoch=2"]  # log_model=True: the kept top-2, each in <stem>/ (Lightning's layout)
+    assert uploaded == [
+        "epoch=1",
+        "epoch=2",
+    ]  # log_model=True: the kept top-2, each in <stem>/ (Lightning's layout)
 
 
 def test_trainer_ddp_spawn_by_name_logs_into_the_run_the_parent_named(
