@@ -152,6 +152,26 @@ def test_the_api_reference_links_examples_tables_and_signatures(site: Path) -> N
     assert "\n    accelerator" in signature and "\n    strategy" in signature, signature[:300]
 
 
+def test_the_home_page_lists_every_extra() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = [line for line in (DOCS / "index.md").read_text().splitlines() if line.startswith("| `")]
+    listed = {name for line in table for name in re.findall(r"`([\w-]+)`", line.split("|")[1])}
+    missing = sorted(set(extras) - {"dev"} - listed)
+    assert not missing, f"docs/index.md's table of extras does not list {missing} (pyproject.toml has them)"
+
+
+def test_the_demo_installs_the_extras_the_guides_use() -> None:
+    """scripts/demo is a newcomer's first step; the guides they read next use the plot, cli, rich … extras."""
+    demo = (REPO / "scripts" / "demo").read_text()
+    (bootstrap,) = [
+        line for line in demo.splitlines() if "scripts/bootstrap" in line and not line.startswith("#")
+    ]
+    assert {"examples", "all"} <= set(bootstrap.split()), bootstrap
+    # Each run writes into a folder of its own, named when it starts (not one folder shared by everyone).
+    assert "mktemp -d" in demo and "--root" in demo
+
+
 def test_code_blocks_are_found_as_documented() -> None:
     page = "\n".join(
         [
