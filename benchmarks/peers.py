@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PEERS_VENV = REPO_ROOT / "benchmarks" / ".peers-venv"
-PEER_PACKAGES = ("torch==2.13.0", "lightning", "accelerate")
+# jsonargparse: LightningCLI's parser, for the tests that run a LightningCLI program under Lightning.
+PEER_PACKAGES = ("torch==2.13.0", "lightning", "accelerate", "jsonargparse[signatures]>=4.49")
 
 _PROBE = """
 import importlib.metadata as m, json, sys

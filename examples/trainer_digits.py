@@ -12,6 +12,7 @@ the validation accuracy across both processes, logs to CSV and keeps the best ch
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import tempfile
 import time
@@ -78,6 +79,14 @@ class Digits(dt.DataModule):
         return DataLoader(self.val_set, batch_size=128)
 
 
+def _user() -> str:
+    """The user's name for a folder of their own (the same in every process of the run, unlike a fresh temp dir)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (some containers)
+        return str(os.getuid()) if hasattr(os, "getuid") else "user"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=2)
@@ -85,8 +94,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument(
         "--root",
-        default=os.path.join(tempfile.gettempdir(), "drivetrain-digits"),
-        help="where logs and checkpoints go",
+        default=os.path.join(tempfile.gettempdir(), f"drivetrain-digits-{_user()}"),
+        help="where logs and checkpoints go (default: a folder of your own in the temporary directory; "
+        "each run gets a version_N folder in it)",
     )
     args = parser.parse_args()
 

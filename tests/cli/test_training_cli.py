@@ -20,6 +20,16 @@ SCRIPT = str(Path(__file__).parent / "training_cli_script.py")
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs without a logger write their config.yaml into the working folder (default_root_dir), as Lightning's."""
+    monkeypatch.chdir(tmp_path)
+    # seed_everything() without a seed reads the seed an earlier CLI run left in the environment.
+    for name in ("DRIVETRAIN_GLOBAL_SEED", "DRIVETRAIN_SEED_WORKERS"):
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)
+
+
 class Model(dt.TrainingModule):
     def __init__(self, width: int = 8, lr: float = 0.1) -> None:
         """A small regressor.

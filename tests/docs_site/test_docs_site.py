@@ -33,6 +33,22 @@ API_PAGES = {
     "utils": "drivetrain.utils",
     "cli": "drivetrain.cli",
 }
+#: What each API page must show first: the package's main class before its helpers.
+FIRST_ON_PAGE = {
+    "drivetrain": "Trainer",
+    "trainer": "Trainer",
+    "callbacks": "Callback",
+    "loggers": "Logger",
+    "strategies": "Strategy",
+    "accelerators": "Accelerator",
+    "plugins": "Precision",
+    "utils": "DataLoaderConfiguration",
+    "cli": "CLI",
+}
+#: Sphinx roles and doctest markers, which Markdown would show as they are.
+RAW_MARKUP = re.compile(
+    r":(?:class|meth|func|attr|mod|data|exc|obj|const):`|doctest:|&gt;&gt;&gt;|(?<![\w-])::\s*</p>"
+)
 
 
 def _page_env() -> dict[str, str]:
@@ -82,6 +98,78 @@ def test_the_api_reference_documents_every_exported_name(site: Path, page: str) 
     assert not missing, f"docs/api/{page}.md does not document {missing} (exported by {package}.__all__)"
     # The docstrings are rendered, not only the names.
     assert html.count('class="doc doc-contents') >= len(exported)
+
+
+def _text(html: str) -> str:
+    """The page's visible text: tags dropped (code keeps its characters), entities left as they are."""
+    return re.sub(r"<[^>]+>", "", html)
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("page", [*sorted(API_PAGES), "lightning_names"])
+def test_the_api_reference_renders_docstrings_as_markdown(site: Path, page: str) -> None:
+    html = (site / "api" / page / "index.html").read_text()
+    body = html[html.index("<article") : html.index("</article>")]
+    raw = sorted({m.group(0) for m in RAW_MARKUP.finditer(body)})
+    assert not raw, f"docs/api/{page}: reStructuredText or doctest markup shown as text: {raw}"
+    # No "| | |" quote bars: doctest lines became code, not nested block quotes.
+    assert "<blockquote>" not in body
+    if page in FIRST_ON_PAGE:
+        package = API_PAGES[page]
+        headings = re.findall(r'<h2 id="([^"]+)" class="doc doc-heading"', body)
+        assert headings and headings[0] == f"{package}.{FIRST_ON_PAGE[page]}", headings[:3]
+
+
+@pytest.mark.timeout(450)
+def test_the_api_reference_links_examples_tables_and_signatures(site: Path) -> None:
+    html = (site / "api" / "drivetrain" / "index.html").read_text()
+    accelerator = html[html.index('id="drivetrain.Accelerator"') :]
+    accelerator = accelerator[: accelerator.index('class="doc doc-children"')]
+    # Every constructor argument is a row of the parameter table (Accelerate's and drivetrain's).
+    parameters = re.findall(r"<td>\s*<code>(\w+)</code>\s*</td>", accelerator)
+    for name in (
+        "device_placement",
+        "mixed_precision",
+        "project_dir",
+        "dispatch_batches",
+        "strategy",
+        "plugins",
+    ):
+        assert name in parameters, name
+    # Sphinx roles became links to the documented objects.
+    assert re.search(
+        r'<a class="autorefs autorefs-internal"[^>]*href="[^"]*#drivetrain.connect"', accelerator
+    )
+    # Examples are code blocks, without the doctest prompts and directives.
+    callbacks = (site / "api" / "callbacks" / "index.html").read_text()
+    blocks = [_text(b) for b in re.findall(r'<div class="[^"]*highlight"><pre>(.*?)</pre>', callbacks, re.S)]
+    assert any("trainer = Trainer(callbacks=[BatchSizeFinder(" in block for block in blocks)
+    assert "doctest" not in callbacks
+    # Signatures are formatted on their own lines (one argument per line for a long one).
+    trainer = html[html.index('id="drivetrain.Trainer"') :]
+    signature = trainer[trainer.index('class="doc-signature') :][:20000]
+    signature = _text(signature[: signature.index("</code>")])
+    assert "\n    accelerator" in signature and "\n    strategy" in signature, signature[:300]
+
+
+def test_the_home_page_lists_every_extra() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = [line for line in (DOCS / "index.md").read_text().splitlines() if line.startswith("| `")]
+    listed = {name for line in table for name in re.findall(r"`([\w-]+)`", line.split("|")[1])}
+    missing = sorted(set(extras) - {"dev"} - listed)
+    assert not missing, f"docs/index.md's table of extras does not list {missing} (pyproject.toml has them)"
+
+
+def test_the_demo_installs_the_extras_the_guides_use() -> None:
+    """scripts/demo is a newcomer's first step; the guides they read next use the plot, cli, rich … extras."""
+    demo = (REPO / "scripts" / "demo").read_text()
+    (bootstrap,) = [
+        line for line in demo.splitlines() if "scripts/bootstrap" in line and not line.startswith("#")
+    ]
+    assert {"examples", "all"} <= set(bootstrap.split()), bootstrap
+    # Each run writes into a folder of its own, named when it starts (not one folder shared by everyone).
+    assert "mktemp -d" in demo and "--root" in demo
 
 
 def test_code_blocks_are_found_as_documented() -> None:

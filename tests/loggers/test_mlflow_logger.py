@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import logging
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from drivetrain._utilities import imports
 from drivetrain.loggers import MLFlowLogger
@@ -33,6 +35,10 @@ def test_params_metrics_by_step_tags_and_status_reach_the_store(mlflow_dir: Path
     run = client.get_run(logger.run_id)
     assert client.get_experiment(run.info.experiment_id).name == "exp"
     assert (run.info.run_name, run.info.status, run.data.tags["team"]) == ("first", "FINISHED", "core")
+    # MLflow's context tags, as mlflow.start_run (and Lightning's logger) add them.
+    assert (
+        run.data.tags["mlflow.user"] == getpass.getuser() and run.data.tags["mlflow.source.type"] == "LOCAL"
+    )
     assert run.data.params["lr"] == "0.1" and run.data.params["model/width"] == "8"
     assert run.data.params["model/act"] == "ReLU()" and run.data.params["notes"] == "x" * 6000
     history = client.get_metric_history(logger.run_id, "train/loss")
@@ -81,12 +87,29 @@ def test_trainer_logs_params_metrics_and_checkpoint_artifacts(mlflow_dir: Path, 
     client = _client(mlflow_dir)
     run = client.get_run(logger.run_id)
     assert run.data.params == {"features": "4", "lr": "0.05", "dropout": "0.0", "optimizer": "sgd"}
-    assert [m.step for m in client.get_metric_history(logger.run_id, "train_loss")] == [4, 8, 12, 16]
-    assert [m.step for m in client.get_metric_history(logger.run_id, "val_loss")] == [8, 16]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train_loss")] == [3, 7, 11, 15]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "val_loss")] == [7, 15]
     assert {m.value for m in client.get_metric_history(logger.run_id, "epoch")} == {0.0, 1.0}
-    uploaded = sorted(a.path for a in client.list_artifacts(logger.run_id, "checkpoints"))
-    assert "checkpoints/last.ckpt" in uploaded
-    assert f"checkpoints/{Path(checkpoints.best_model_path).name}" in uploaded
+    # Lightning's layout: <stem>/<file>.ckpt with the checkpoint's metadata.yaml and aliases.txt beside it.
+    best = Path(checkpoints.best_model_path)
+    assert sorted(a.path for a in client.list_artifacts(logger.run_id, best.stem)) == [
+        f"{best.stem}/aliases.txt",
+        f"{best.stem}/{best.name}",
+        f"{best.stem}/metadata.yaml",
+    ]
+    assert "last/last.ckpt" in [a.path for a in client.list_artifacts(logger.run_id, "last")]
+    folder = Path(client.download_artifacts(logger.run_id, best.stem, str(tmp_path / "down")))
+    assert (folder / "aliases.txt").read_text() == "['latest', 'best']"
+    metadata = yaml.safe_load((folder / "metadata.yaml").read_text())
+    assert metadata["original_filename"] == best.name
+    assert metadata["score"] == pytest.approx(float(checkpoints.best_model_score))
+    assert metadata["Checkpoint"] == {
+        "monitor": "val_loss",
+        "mode": "min",
+        "save_last": True,
+        "save_top_k": 1,
+        "save_weights_only": False,
+    }
     assert run.info.status == "FINISHED"
 
 
@@ -95,7 +118,7 @@ def test_log_model_true_uploads_at_the_end_and_false_never(mlflow_dir: Path, tmp
 
     class Watch(ModelCheckpoint):
         def on_train_epoch_end(self, trainer: object, pl_module: object) -> None:
-            seen.append(len(_client(mlflow_dir).list_artifacts(logger.run_id, "checkpoints")))
+            seen.append(len(_client(mlflow_dir).list_artifacts(logger.run_id)))
 
     for log_model in (True, False):
         seen: list[int] = []
@@ -110,8 +133,8 @@ def test_log_model_true_uploads_at_the_end_and_false_never(mlflow_dir: Path, tmp
             max_epochs=2,
         )
         trainer.fit(Regression(), loader(), loader())
-        uploaded = sorted(a.path for a in _client(mlflow_dir).list_artifacts(logger.run_id, "checkpoints"))
-        assert uploaded == (["checkpoints/epoch=0.ckpt", "checkpoints/epoch=1.ckpt"] if log_model else [])
+        uploaded = sorted(a.path for a in _client(mlflow_dir).list_artifacts(logger.run_id))
+        assert uploaded == (["epoch=0", "epoch=1"] if log_model else [])
         assert seen == [0, 0]  # nothing went up while training
 
 

@@ -33,7 +33,7 @@ def _accelerator_run(root: Path, log_with: Any, hparams: dict[str, Any]) -> dt.A
     accelerator.init_trackers("drivetrain_logs", config=dict(model.hparams))
     optimizer = model.configure_optimizers()
     net, optimizer, data = accelerator.prepare(model, optimizer, loader())
-    for step, (x, y) in enumerate(data, start=1):
+    for step, (x, y) in enumerate(data):  # Lightning's x-axis: the optimizer steps before this one
         loss = nn.functional.mse_loss(net(x), y)
         accelerator.backward(loss)
         optimizer.step()
@@ -60,7 +60,7 @@ def test_tensorboard_by_name_writes_the_same_events_from_both_doors(tmp_path: Pa
     trainer_events, accelerator_events = _events(from_trainer.log_dir), _events(from_accelerator.log_dir)
     trainer_loss = [(e.step, e.value) for e in trainer_events.Scalars("train_loss")]
     accelerator_loss = [(e.step, e.value) for e in accelerator_events.Scalars("train_loss")]
-    assert [step for step, _ in trainer_loss] == [step for step, _ in accelerator_loss] == list(range(1, 9))
+    assert [step for step, _ in trainer_loss] == [step for step, _ in accelerator_loss] == list(range(8))
     # The same seed, data and optimizer: the same losses, whichever door ran the loop.
     assert [value for _, value in trainer_loss] == pytest.approx([value for _, value in accelerator_loss])
     assert {e.value for e in trainer_events.Scalars("epoch")} == {0.0}
@@ -194,7 +194,7 @@ def test_a_registered_logger_works_by_name_in_both_doors(tmp_path: Path) -> None
     (recorder,) = trainer.loggers
     assert isinstance(recorder, Recorder) and recorder.flush
     assert (recorder.save_dir_given, recorder.experiment_name) == (str(tmp_path), "drivetrain_logs")
-    assert [step for step, _ in recorder.rows] == [1, 2] and recorder.params["lr"] == 0.25
+    assert [step for step, _ in recorder.rows] == [0, 1] and recorder.params["lr"] == 0.25
     assert "recorder" in parse_loggers("all")
     (tracker,) = _built("recorder", tmp_path)
     assert isinstance(tracker, Recorder) and tracker.experiment_name == "run"

@@ -40,9 +40,10 @@ def test_trainer_ddp_logs_one_run_per_tracker_with_checkpoints(tmp_path: Path, m
     assert lines[0] == f"rank=0 wandb={wandb_run.run_id} mlflow={mlflow_run.info.run_id} best=epoch=2.ckpt"
     assert lines[1] == "rank=1 wandb=None mlflow=None best=epoch=2.ckpt"
 
-    # 32 samples / 2 ranks / 4 per batch = 4 steps per epoch, 3 epochs, logged every 2 steps.
-    assert [r["trainer/global_step"] for r in wandb_run.history if "loss" in r] == [2, 4, 6, 8, 10, 12]
-    assert [r["trainer/global_step"] for r in wandb_run.history if "val_loss" in r] == [4, 8, 12]
+    # 32 samples / 2 ranks / 4 per batch = 4 steps per epoch, 3 epochs, logged every 2 steps, at
+    # Lightning's x-axis (the steps before the logging batch's).
+    assert [r["trainer/global_step"] for r in wandb_run.history if "loss" in r] == [1, 3, 5, 7, 9, 11]
+    assert [r["trainer/global_step"] for r in wandb_run.history if "val_loss" in r] == [3, 7, 11]
     assert (
         len([r for r in wandb_run.history if "test_loss" in r]) == 1
     )  # trainer.test() logs into the same run
@@ -53,14 +54,14 @@ def test_trainer_ddp_logs_one_run_per_tracker_with_checkpoints(tmp_path: Path, m
 
     run_id = mlflow_run.info.run_id
     assert mlflow_run.data.params == {"lr": "0.05", "width": "4"}
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [2, 4, 6, 8, 10, 12]
-    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [4, 8, 12]
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 3, 5, 7, 9, 11]
+    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [3, 7, 11]
     assert len(client.get_metric_history(run_id, "test_loss")) == 1
-    uploaded = sorted(a.path for a in client.list_artifacts(run_id, "checkpoints"))
+    uploaded = sorted(a.path for a in client.list_artifacts(run_id))
     assert uploaded == [
-        "checkpoints/epoch=1.ckpt",
-        "checkpoints/epoch=2.ckpt",
-    ]  # log_model=True: the kept top-2
+        "epoch=1",
+        "epoch=2",
+    ]  # log_model=True: the kept top-2, each in <stem>/ (Lightning's layout)
 
 
 def test_trainer_ddp_spawn_by_name_logs_into_the_run_the_parent_named(
@@ -72,8 +73,8 @@ def test_trainer_ddp_spawn_by_name_logs_into_the_run_the_parent_named(
     # The parent prints its own loggers: they name the runs the spawned rank 0 wrote.
     assert lines == [f"rank=0 wandb={wandb_run.run_id} mlflow={mlflow_run.info.run_id} best=epoch=2.ckpt"]
     assert wandb_run.project == "drivetrain_logs"
-    assert [r["trainer/global_step"] for r in wandb_run.history if "loss" in r] == [2, 4, 6, 8, 10, 12]
-    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "val_loss")] == [4, 8, 12]
+    assert [r["trainer/global_step"] for r in wandb_run.history if "loss" in r] == [1, 3, 5, 7, 9, 11]
+    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "val_loss")] == [3, 7, 11]
 
 
 def test_accelerator_trackers_by_name_on_two_processes(tmp_path: Path, mlflow_dir: Path) -> None:

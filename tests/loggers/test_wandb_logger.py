@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -81,8 +82,8 @@ def test_trainer_logs_hparams_metrics_and_checkpoints_as_artifacts(tmp_path: Pat
         "features": 4,
         "optimizer": "sgd",
     }
-    assert [r["trainer/global_step"] for r in run.history if "train_loss" in r] == [4, 8, 12, 16]
-    assert [r["trainer/global_step"] for r in run.history if "val_loss" in r] == [8, 16]
+    assert [r["trainer/global_step"] for r in run.history if "train_loss" in r] == [3, 7, 11, 15]
+    assert [r["trainer/global_step"] for r in run.history if "val_loss" in r] == [7, 15]
     assert [a["name"] for a in run.artifacts] == [f"model-{run.run_id}"] * len(run.artifacts)
     assert {a["files"][0] for a in run.artifacts} == {"model.ckpt"}
     best = [a for a in run.artifacts if "best" in a["aliases"]]
@@ -151,3 +152,88 @@ def test_without_an_account_the_error_says_how_to_log_in_or_log_offline(tmp_path
         "run `wandb login` (or set WANDB_API_KEY), or log offline with WandbLogger(offline=True)"
         in done.stderr
     )
+
+
+def test_tables_text_images_audio_and_video_are_in_the_offline_run(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    logger = WandbLogger(save_dir=tmp_path)
+    logger.log_table("samples", columns=["input", "label"], data=[["a", 1], ["b", 0]], step=3)
+    logger.log_text("generated", columns=["prompt", "text"], data=[["hi", "hello there"]], step=4)
+    pixels = np.zeros((4, 4, 3), dtype=np.uint8)
+    logger.log_image("inputs", [pixels, torch.ones(3, 4, 4)], step=5, caption=["zeros", "ones"])
+    with pytest.raises(
+        TypeError, match=r"log_image\('inputs', \.\.\.\) takes the images as a list, got ndarray"
+    ):
+        logger.log_image("inputs", pixels)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"caption= needs one entry per item \(2\), got \['one'\]"):
+        logger.log_image("inputs", [pixels, pixels], caption=["one"])
+    # log_audio and log_video take the same path (wandb.Audio needs the soundfile package, not installed).
+    with pytest.raises(TypeError, match=r"log_audio\('sound', \.\.\.\) takes the audios as a list"):
+        logger.log_audio("sound", "silence.wav")  # type: ignore[arg-type]
+    logger.finish()
+
+    (run,) = offline_runs(tmp_path / "wandb")
+    by_step = {row["trainer/global_step"]: row for row in run.history}
+    assert by_step[3]["samples/_type"] == by_step[4]["generated/_type"] == "table-file"
+    table = json.loads((run.path / "files" / by_step[3]["samples/path"]).read_text())
+    assert table["columns"] == ["input", "label"] and table["data"] == [["a", 1], ["b", 0]]
+    text = json.loads((run.path / "files" / by_step[4]["generated/path"]).read_text())
+    assert text["data"] == [["hi", "hello there"]]
+    assert by_step[5]["inputs/_type"] == "images/separated" and by_step[5]["inputs/captions"] == [
+        "zeros",
+        "ones",
+    ]
+    assert all((run.path / "files" / name).is_file() for name in by_step[5]["inputs/filenames"])
+
+
+def test_artifacts_offline_are_a_clear_error(tmp_path: Path) -> None:
+    logger = WandbLogger(save_dir=tmp_path, offline=True)
+    with pytest.raises(ValueError, match=r"use_artifact needs W&B's server, but W&B runs offline here"):
+        logger.use_artifact("me/proj/model-abc:best", artifact_type="model")
+    with pytest.raises(ValueError, match=r"download_artifact needs W&B's server"):
+        WandbLogger.download_artifact("me/proj/model-abc:best", save_dir=tmp_path / "got")
+    logger.finish()
+
+
+class _OnlineRun:
+    """A stand-in for an online ``wandb`` run and its artifacts (no W&B server is reachable from tests)."""
+
+    id = "standin1"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.settings = type("Settings", (), {"mode": "online"})()
+        self.used: list[tuple[object, object]] = []
+
+    def define_metric(self, *args: object, **kwargs: object) -> None: ...
+
+    def use_artifact(self, artifact: object, type: object = None) -> object:
+        self.used.append((artifact, type))
+        run = self
+
+        class Artifact:
+            def download(self, root: str | None = None) -> str:
+                target = Path(root or run.folder / "artifacts")
+                target.mkdir(parents=True, exist_ok=True)
+                (target / "model.ckpt").write_bytes(b"weights")
+                return str(target)
+
+        return Artifact()
+
+
+def test_use_and_download_artifact_go_through_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run = _OnlineRun(tmp_path)
+    logger = WandbLogger(experiment=run)
+    assert logger.use_artifact("me/proj/data:v3", artifact_type="dataset") is not None
+    monkeypatch.setattr(wandb, "run", run)
+    folder = WandbLogger.download_artifact(
+        "me/proj/model-x:best", save_dir=tmp_path / "got", artifact_type="model"
+    )
+    assert folder == str(tmp_path / "got") and (tmp_path / "got" / "model.ckpt").read_bytes() == b"weights"
+    assert run.used == [("me/proj/data:v3", "dataset"), ("me/proj/model-x:best", "model")]
+    monkeypatch.setenv("RANK", "1")
+    assert WandbLogger.download_artifact("me/proj/model-x:best") is None  # rank 0 only, as Lightning
+    assert len(run.used) == 2

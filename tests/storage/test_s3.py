@@ -288,3 +288,26 @@ def test_a_preempted_fit_in_s3_saves_there_and_the_next_fit_resumes_from_it(
         trainer.fit(Regression(), data, ckpt_path=request)
         assert first.steps == [4], f"ckpt_path={request!r} did not resume from the preemption checkpoint"
         assert trainer.global_step == 8
+
+
+def test_drivetrain_plot_of_a_run_on_s3_says_where_the_png_went(
+    s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    import s3fs
+
+    from drivetrain.cli.main import main
+
+    run = f"{s3_bucket}/logs/version_0"
+    with s3fs.S3FileSystem(skip_instance_cache=True).open(f"{run}/metrics.csv", "w") as file:
+        file.write("step,epoch,train_loss\n0,0,1.0\n1,0,0.5\n")
+    assert main(["plot", run]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {run}/metrics.png" in out and "metrics.png" in listing(run)
+    assert (
+        f"the PNG is in remote storage, next to the run; to write it here instead: drivetrain plot {run} -o"
+        in out
+    )
+    assert main(["plot", run, "-o", str(tmp_path / "here.png")]) == 0
+    assert (tmp_path / "here.png").read_bytes().startswith(b"\x89PNG")
+    assert "remote storage" not in capsys.readouterr().out

@@ -94,11 +94,12 @@ def test_logger_receives_steps_every_n_and_epoch_values(tmp_path: Path) -> None:
     with open(logger.metrics_file_path, newline="") as file:
         rows = list(csv.DictReader(file))
     step_rows = [r for r in rows if r["train_loss"]]
-    assert [int(r["step"]) for r in step_rows] == [3, 6, 9, 12, 15]
+    # Lightning's x-axis: the optimizer steps before the batch (the 3rd step's row is at 2).
+    assert [int(r["step"]) for r in step_rows] == [2, 5, 8, 11, 14]
     assert all(r["mean_loss_step"] for r in step_rows)
     epoch_rows = [r for r in rows if r["mean_loss_epoch"]]
-    assert [int(r["step"]) for r in epoch_rows] == [8, 16]
-    assert [int(r["step"]) for r in rows if r["val_loss"]] == [8, 16]
+    assert [int(r["step"]) for r in epoch_rows] == [7, 15]
+    assert [int(r["step"]) for r in rows if r["val_loss"]] == [7, 15]
     metrics = trainer.callback_metrics
     assert {"train_loss", "mean_loss", "mean_loss_step", "mean_loss_epoch", "val_loss"} <= set(metrics)
     assert torch.equal(metrics["mean_loss"], metrics["mean_loss_epoch"])

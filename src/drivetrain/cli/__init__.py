@@ -1,7 +1,7 @@
 """Command-line entry points: ``drivetrain launch``, ``drivetrain env`` and the training-script ``CLI``.
 
-``CLI`` (``python train.py fit --trainer.devices=2``) needs the ``cli`` extra (jsonargparse); it is
-imported on first use.
+``CLI`` (``python train.py fit --trainer.devices=2``) and its parts need the ``cli`` extra
+(jsonargparse); they are imported on first use, so ``drivetrain --help`` stays quick.
 """
 
 from __future__ import annotations
@@ -9,15 +9,30 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy name
+if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names
     from drivetrain.cli.training import CLI
+    from drivetrain.cli.training_parser import CLIArgumentParser, ReduceLROnPlateau, SaveConfigCallback
 
-__all__ = ["CLI"]
+__all__ = ["CLI", "CLIArgumentParser", "ReduceLROnPlateau", "SaveConfigCallback"]
+
+_LAZY = {
+    "CLI": "drivetrain.cli.training",
+    "CLIArgumentParser": "drivetrain.cli.training_parser",
+    "ReduceLROnPlateau": "drivetrain.cli.training_parser",
+    "SaveConfigCallback": "drivetrain.cli.training_parser",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CLI":
-        value = importlib.import_module("drivetrain.cli.training").CLI
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'drivetrain.cli' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'drivetrain.cli' has no attribute {name!r}")
+    if module == "drivetrain.cli.training_parser":
+        importlib.import_module("drivetrain.cli.training")  # checks for jsonargparse, naming the extra
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -27,6 +27,7 @@ def add_plot_command(commands: Any) -> None:
 
 
 def run_plot(args: argparse.Namespace) -> int:
+    from drivetrain._utilities.paths import is_remote
     from drivetrain.loggers.plot import plot_run
 
     try:
@@ -36,4 +37,10 @@ def run_plot(args: argparse.Namespace) -> int:
         return 1
     groups = ", ".join(f"{group} ({len(names)})" for group, names in result.groups.items())
     print(f"drivetrain plot: wrote {result.path} with {len(result.groups)} axes: {groups}")
+    if is_remote(result.path):
+        # Beside the remote run, not on this machine: say so, and how to get a local copy.
+        print(
+            f"drivetrain plot: the PNG is in remote storage, next to the run; to write it here instead: "
+            f"drivetrain plot {args.run_dir} -o metrics.png"
+        )
     return 0

@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     """Prepare models, optimizers, schedulers and data loaders for any hardware and number of processes.
 
-    Accelerate's arguments:
+    Accelerate's arguments come first, then drivetrain's (``accelerator`` … ``plugins``, as for
+    :func:`drivetrain.connect`).
+
+    Args:
         device_placement: put prepared models and batches on the device.
         split_batches: cut each batch into one slice per process (the batch size is global).
         mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (``fp16=True`` means ``"fp16"``); by
@@ -76,7 +79,9 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``, ``"generator"``.
         log_with: trackers: ``"tensorboard"``, ``"csv"``, ``"wandb"``, ``"mlflow"``, ``"all"`` (every
             installed one), drivetrain loggers, or a list (the same values as ``Trainer(logger=...)``).
-        project_dir / project_config: where logs and automatic checkpoints go.
+        project_dir: where logs and automatic checkpoints go.
+        project_config: where logs and automatic checkpoints go, and how checkpoints are named and kept
+            (a :class:`~drivetrain.utils.ProjectConfiguration`).
         gradient_accumulation_plugin: a :class:`~drivetrain.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers with the optimizer (``False``: on
             every call, for epoch-based schedules).
@@ -86,7 +91,13 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             settings, for a strategy given by name) and ``precision_options`` (``scaler_kwargs``,
             ``autocast_kwargs``); one process needs no DDP settings, and a precision without a
             loss scaler or autocast ignores those with a warning.
-        dispatch_batches / even_batches: as in ``DataLoaderConfiguration``.
+        fp16: ``True`` means ``mixed_precision="fp16"`` (Accelerate's older spelling).
+        dispatch_batches: as in ``DataLoaderConfiguration``.
+        even_batches: as in ``DataLoaderConfiguration``.
+        deepspeed_plugin: not taken: a ``ValueError`` naming ``strategy="deepspeed_stage_2"`` (or a
+            ``DeepSpeedStrategy``) instead.
+        fsdp_plugin: not taken: a ``ValueError`` naming ``strategy="fsdp"`` (or an ``FSDPStrategy``).
+        megatron_lm_plugin: not taken (Megatron-LM is not supported): a ``ValueError``.
         parallelism_config: a :class:`~drivetrain.ParallelismConfig` (``dp_replicate_size``,
             ``dp_shard_size``, ``tp_size``, ``cp_size``): tensor parallel x FSDP2 (HSDP when
             replicated) on one device mesh (``strategy="model_parallel"``).
@@ -103,12 +114,16 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             raise :class:`~drivetrain.utils.DistributedOperationException` naming them if not
             (default: ``ACCELERATE_DEBUG_MODE``). Costs a round trip to the rendezvous store per
             collective.
-
-    drivetrain's arguments (as for :func:`drivetrain.connect`):
-        accelerator, strategy, devices (``None``: ``"auto"``), num_nodes, precision, plugins.
+        accelerator: the hardware: ``"auto"``, a registered name or an instance.
+        strategy: how the work is distributed: ``"auto"``, a registered name or a Strategy.
+        devices: how many devices, or which (``None``: ``"auto"``).
+        num_nodes: how many machines the job spans.
+        precision: a precision name (``"bf16-mixed"`` …) or a Precision; instead of ``mixed_precision``.
+        plugins: Precision, CheckpointIO and ClusterEnvironment instances.
 
     Raises:
-        TypeError, ValueError: a setting that cannot work, with how to fix it.
+        TypeError: a setting of the wrong type, with how to fix it.
+        ValueError: a setting that cannot work, with how to fix it.
     """
 
     def __init__(

@@ -68,12 +68,16 @@ class CheckpointUploads:
         checkpoints = []
         for path, stamp in sorted(found, key=lambda item: item[1]):
             score = scores.get(path)
+            # What Lightning's W&B and MLflow loggers record with each checkpoint: its score, its file name,
+            # and the callback's settings under the callback's class name.
             metadata = {
-                "original_filename": os.path.basename(path),
                 "score": float(score) if score is not None else None,
-                "monitor": getattr(callback, "monitor", None),
-                "mode": getattr(callback, "mode", None),
-                "save_top_k": getattr(callback, "save_top_k", None),
+                "original_filename": os.path.basename(path),
+                type(callback).__name__: {
+                    name: getattr(callback, name)
+                    for name in ("monitor", "mode", "save_last", "save_top_k", "save_weights_only")
+                    if hasattr(callback, name)
+                },
             }
             aliases = ["latest"] + (["best"] if path == best else [])
             checkpoints.append(PendingCheckpoint(path, stamp, aliases, metadata))

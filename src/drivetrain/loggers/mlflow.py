@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from argparse import Namespace
 from collections.abc import Mapping
@@ -148,7 +149,10 @@ class MLFlowLogger(Logger):
             self._experiment_id = client.create_experiment(
                 self._experiment_name, artifact_location=self._artifact_location
             )
-        run = client.create_run(self._experiment_id, run_name=self._run_name, tags=self._tags or None)
+        # MLflow's context tags (mlflow.user, mlflow.source.name …) as mlflow.start_run and Lightning add them.
+        from mlflow.tracking.context.registry import resolve_tags
+
+        run = client.create_run(self._experiment_id, run_name=self._run_name, tags=resolve_tags(self._tags))
         self._run_id = run.info.run_id
 
     @property
@@ -219,14 +223,28 @@ class MLFlowLogger(Logger):
             self._upload_checkpoints()
 
     def _upload_checkpoints(self) -> None:
+        """Each checkpoint goes to ``<stem>/`` with ``metadata.yaml`` and ``aliases.txt``, as Lightning lays it out."""
+        import yaml
+
         client = self.experiment
         for checkpoint in self._uploads.pending():
+            name = os.path.basename(checkpoint.path.rstrip(os.sep))
+            folder = Path(name).stem
             if checkpoint.is_folder:
-                client.log_artifacts(
-                    self._run_id, checkpoint.path, f"checkpoints/{os.path.basename(checkpoint.path)}"
-                )
+                client.log_artifacts(self._run_id, checkpoint.path, f"{folder}/{name}")
             else:
-                client.log_artifact(self._run_id, checkpoint.path, "checkpoints")
+                client.log_artifact(self._run_id, checkpoint.path, folder)
+            settings = [v for k, v in checkpoint.metadata.items() if k not in ("score", "original_filename")]
+            # Lightning's MLflow logger files the callback's settings under "Checkpoint".
+            metadata = {
+                "score": checkpoint.metadata["score"],
+                "original_filename": name,
+                "Checkpoint": settings[0] if settings else {},
+            }
+            with tempfile.TemporaryDirectory() as notes:
+                Path(notes, "metadata.yaml").write_text(yaml.safe_dump(metadata, default_flow_style=False))
+                Path(notes, "aliases.txt").write_text(str(checkpoint.aliases))
+                client.log_artifacts(self._run_id, notes, folder)
             self._uploads.done(checkpoint)
 
     # -- the end -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os
 import secrets
 import string
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,14 +38,33 @@ _log = get_logger(__name__)
 STEP_METRIC = "trainer/global_step"
 
 
+def _is_wandb_object(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "wandb"
+
+
 def _wandb_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Numbers as floats (checked as every logger checks them); W&B's own objects as they are."""
+    """Numbers as floats (checked as every logger checks them); W&B's own objects (or lists of them) as they are."""
     return {
         key: value
-        if type(value).__module__.split(".")[0] == "wandb"
+        if _is_wandb_object(value)
+        or (isinstance(value, (list, tuple)) and value and all(_is_wandb_object(v) for v in value))
         else metrics_to_floats({key: value})[key]
         for key, value in metrics.items()
     }
+
+
+def _require_online(run: Any, method: str) -> None:
+    """W&B fetches and records artifacts only through its server: say so up front when offline."""
+    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled")
+    settings = getattr(run, "settings", None)
+    if settings is not None and getattr(settings, "mode", None) in ("offline", "dryrun", "disabled"):
+        offline = True
+    if offline:
+        raise ValueError(
+            f"WandbLogger.{method} needs W&B's server, but W&B runs offline here (WandbLogger(offline=True) or "
+            f"WANDB_MODE=offline), where artifacts can be logged but not fetched. Run online (`wandb login`) to "
+            f"use or download artifacts."
+        )
 
 
 def new_run_id() -> str:
@@ -215,6 +234,137 @@ class WandbLogger(Logger):
         """Record ``model``'s gradients and/or parameters as histograms every ``log_freq`` steps (``wandb.watch``)."""
         if self._writes_here():
             self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
+
+    # -- rich media (W&B's own objects, logged like metrics at ``step``) ------------------------
+    def log_table(
+        self,
+        key: str,
+        columns: Sequence[str | int] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a ``wandb.Table`` under ``key``: from ``columns`` and ``data`` (rows), or a pandas ``dataframe``.
+
+        Cells may hold any W&B type (text, ``wandb.Image`` …). Global rank 0 only, as every logging call.
+        """
+        if not self._writes_here():
+            return
+        import wandb
+
+        table = wandb.Table(
+            columns=list(columns) if columns is not None else None, data=data, dataframe=dataframe
+        )
+        self.log_metrics({key: table}, step=step)
+
+    def log_text(
+        self,
+        key: str,
+        columns: Sequence[str] | None = None,
+        data: list[list[str]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log text as a table (W&B shows text in tables); the arguments are :meth:`log_table`'s."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log images under ``key``: tensors, NumPy arrays, PIL images or file paths.
+
+        Args:
+            key: the name in the run.
+            images: the images, in a list.
+            step: the x-axis value (default: none given, W&B's own count).
+            **kwargs: one list per ``wandb.Image`` argument, one entry per image
+                (``caption=["cat", "dog"]``, ``masks=...``, ``boxes=...``).
+
+        Raises:
+            TypeError: ``images`` is not a list.
+            ValueError: a list in ``kwargs`` has another length than ``images``.
+        """
+        self._log_media("Image", key, images, step, kwargs)
+
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log sounds (NumPy arrays or file paths); ``kwargs`` as for :meth:`log_image` (``sample_rate=[...]``)."""
+        self._log_media("Audio", key, audios, step, kwargs)
+
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: list[Any]) -> None:
+        """Log videos (NumPy arrays or file paths); ``kwargs`` as for :meth:`log_image` (``fps=[...]``)."""
+        self._log_media("Video", key, videos, step, kwargs)
+
+    def _log_media(self, kind: str, key: str, items: Any, step: int | None, options: dict[str, Any]) -> None:
+        noun = f"{kind.lower()}s" if kind != "Audio" else "audios"
+        if not isinstance(items, list):
+            raise TypeError(
+                f"WandbLogger.log_{kind.lower()}({key!r}, ...) takes the {noun} as a list, got {type(items).__name__}; "
+                f"wrap a single one: [{kind.lower()}]."
+            )
+        for name, values in options.items():
+            if not isinstance(values, (list, tuple)) or len(values) != len(items):
+                raise ValueError(
+                    f"WandbLogger.log_{kind.lower()}({key!r}, ...): {name}= needs one entry per item ({len(items)}), "
+                    f"got {values!r}."
+                )
+        if not self._writes_here():
+            return
+        import wandb
+
+        make = getattr(wandb, kind)
+        media = [
+            make(item, **{name: values[i] for name, values in options.items()})
+            for i, item in enumerate(items)
+        ]
+        self.log_metrics({key: media}, step=step)
+
+    # -- artifacts -----------------------------------------------------------------------------
+    def use_artifact(self, artifact: Any, artifact_type: str | None = None) -> Any:
+        """Record that this run uses ``artifact`` (``"entity/project/name:alias"`` or a ``wandb.Artifact``).
+
+        Returns the ``wandb`` artifact (call ``.download()`` on it for its files); ``None`` on other ranks.
+
+        Raises:
+            ValueError: the run is offline: W&B records artifact use only online.
+        """
+        if not self._writes_here():
+            return None
+        run = self.experiment
+        _require_online(run, "use_artifact")
+        return run.use_artifact(artifact, type=artifact_type)
+
+    @staticmethod
+    def download_artifact(
+        artifact: str,
+        save_dir: str | os.PathLike[str] | None = None,
+        artifact_type: str | None = None,
+        use_artifact: bool | None = True,
+    ) -> str | None:
+        """Download ``artifact`` (``"entity/project/name:alias"``) and return the local folder it went to.
+
+        Inside a running W&B run (and with ``use_artifact``) the download is recorded as a use by
+        that run; otherwise it goes through ``wandb.Api``. Runs on global rank 0 only (other ranks
+        get ``None``), like Lightning's. Checkpoints uploaded with ``log_model`` come back this way:
+        ``WandbLogger.download_artifact("me/proj/model-<run id>:best")``.
+
+        Args:
+            artifact: the artifact's path and alias.
+            save_dir: where to put the files (default: W&B's ``./artifacts/<name>``).
+            artifact_type: the artifact's type (``"model"`` …), for the lookup.
+            use_artifact: record the download as a use by the running run.
+
+        Raises:
+            ValueError: W&B is in offline mode, where artifacts cannot be fetched.
+        """
+        if global_rank() != 0:
+            return None
+        import wandb
+
+        run = wandb.run
+        _require_online(run, "download_artifact")
+        if run is not None and use_artifact:
+            found = run.use_artifact(artifact, type=artifact_type)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        return str(found.download(root=None if save_dir is None else os.fspath(save_dir)))
 
     # -- checkpoints ---------------------------------------------------------------------------
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:

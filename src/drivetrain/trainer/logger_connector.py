@@ -2,6 +2,13 @@
 
 The Trainer keeps the epoch values of finished epochs and validation runs here; the values
 of the epoch in progress are read from the training :class:`ResultCollection` when asked.
+
+The x-axis (``step``) of the rows sent to loggers is Lightning's, so that a migrated project's
+dashboards line up: the number of training batches that stepped the optimizers *before* the
+batch in progress (:func:`batches_that_stepped`). A row of step metrics logged after the 4th
+optimizer step is at 3; a validation inside a fit is at the value of the batch it follows; the
+training epoch's row is one below the steps taken so far; ``validate``/``test`` after a fit are
+at the steps taken.
 """
 
 from __future__ import annotations
@@ -23,6 +30,15 @@ def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
     return resolve(logger, save_dir=default_root_dir, experiment=DEFAULT_EXPERIMENT, argument="logger")
 
 
+def batches_that_stepped(global_step: int, total_batches: int, manual_optimization: bool) -> int:
+    """Lightning's count behind the logged x-axis: training batches that stepped the optimizers so far.
+
+    With automatic optimisation that is ``global_step``; with manual optimisation every training
+    batch counts once, however many optimizers it steps (``global_step`` counts each step).
+    """
+    return total_batches if manual_optimization else global_step
+
+
 class MetricsHub(Restorable):
     """The Trainer's view of logged values, and the one place that writes to loggers.
 
@@ -40,6 +56,26 @@ class MetricsHub(Restorable):
         self.logged: dict[str, float] = {}
         self.train: ResultCollection | None = None
         self.is_global_zero = True
+        #: The x-axis of rows logged while a fit's training batch is processed (its step metrics and a
+        #: validation after it): the batches that stepped before it. ``None`` outside a fit's batches.
+        self.batch_step: int | None = None
+
+    def step_row_at(self, stepped: bool, every_n: int, should_stop: bool) -> int | None:
+        """The x-axis at which the batch just trained sends its step metrics; ``None``: it sends none.
+
+        Lightning's rule: only a batch that stepped the optimizers logs (not one that accumulated),
+        when the optimizer steps reach a multiple of ``every_n`` or the run was asked to stop.
+        """
+        at = self.batch_step
+        if not stepped or at is None or ((at + 1) % every_n and not should_stop):
+            return None
+        return at
+
+    def evaluation_step(self, fitting: bool, stepped_so_far: int) -> int:
+        """The x-axis of a validation's or test's rows: the batch it follows inside a fit, else the steps taken."""
+        if fitting and self.batch_step is not None:
+            return self.batch_step
+        return stepped_so_far
 
     # -- reading ------------------------------------------------------------------------------
     def callback_metrics(self) -> dict[str, Any]:

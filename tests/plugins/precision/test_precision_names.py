@@ -128,3 +128,20 @@ def test_user_registered_names_work_through_precision_from_name(registered):
     assert precision_from_name("needs-device", "xpu").device == "xpu"
     with pytest.raises(ValueError, match="fp8-custom"):  # listed among the registered names
         precision_from_name("fp9", "cpu")
+
+
+def test_an_unknown_precision_lists_each_spelling_once(registered) -> None:
+    import drivetrain as dt
+
+    with pytest.raises(ValueError) as excinfo:
+        dt.Trainer(precision="fp13")
+    message = str(excinfo.value)
+    assert message.startswith(
+        "Unknown precision 'fp13'. Did you mean 'fp32'? Accepted: '64-true', '32-true',"
+    )
+    # Each name once in the list and once as what its other spellings stand for; each other spelling once.
+    assert message.count("'16-mixed'") == 2 and message.count("'bf16-true'") == 1
+    assert message.count("'fp16'") == 1 and message.count("/16/") == 1 and "registered" not in message
+    registered("int4-custom", _Fp8Precision)
+    with pytest.raises(ValueError, match=r"or a registered one: 'int4-custom'\. Register your own"):
+        precision_from_name("fp13", "cpu")

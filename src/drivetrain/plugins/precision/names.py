@@ -73,8 +73,16 @@ PrecisionRegistry.register(
 
 
 def _accepted_spellings() -> str:
-    aliases = ", ".join(f"{alias!r}→{name!r}" for alias, name in PRECISION_ALIASES.items())
-    return f"{', '.join(map(repr, CANONICAL_PRECISIONS))} (or {aliases})"
+    """Each name once, then the other spellings grouped by the name they mean, then user-registered names."""
+    by_name: dict[str, list[str]] = {}
+    for alias, name in PRECISION_ALIASES.items():
+        by_name.setdefault(name, []).append(repr(alias))
+    others = ", ".join(f"{'/'.join(aliases)} for {name!r}" for name, aliases in by_name.items())
+    text = f"{', '.join(map(repr, CANONICAL_PRECISIONS))} (also {others})"
+    registered = [name for name in PrecisionRegistry.available() if name not in CANONICAL_PRECISIONS]
+    if registered:
+        text += f", or a registered one: {', '.join(map(repr, registered))}"
+    return text
 
 
 def _closest(value: object) -> str:
@@ -125,9 +133,8 @@ def precision_from_name(
             name = canonical_precision(value)
         except ValueError:
             raise ValueError(
-                f"Unknown precision {value!r}.{_closest(value)} Accepted: {_accepted_spellings()}; registered: "
-                f"{', '.join(PrecisionRegistry.available())}. Register your own with "
-                f"PrecisionRegistry.register(name, cls)."
+                f"Unknown precision {value!r}.{_closest(value)} Accepted: {_accepted_spellings()}. Register your "
+                f"own with PrecisionRegistry.register(name, cls)."
             ) from None
     entry = PrecisionRegistry.entry(name)
     parameters = inspect.signature(entry.cls).parameters

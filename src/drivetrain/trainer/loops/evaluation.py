@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
 from drivetrain.trainer.loops.uneven import Padding
 from drivetrain.trainer.profiling import timed
@@ -119,7 +120,12 @@ class EvaluationLoop:
                 hooks.call(f"on_{prefix}_epoch_end")
             if not sanity:
                 run.metrics.persist(results)
-                run.metrics.log(results.epoch_metrics(logger_only=True), step=run.progress.global_step)
+                progress = run.progress
+                stepped = batches_that_stepped(
+                    progress.global_step, progress.total_batches, not run.module.automatic_optimization
+                )
+                step = run.metrics.evaluation_step(run.state.fn == TrainerFn.FITTING, stepped)
+                run.metrics.log(results.epoch_metrics(logger_only=True), step=step)
             hooks.call(f"on_{prefix}_end")
         finally:
             run.state.stage = previous_stage

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from drivetrain.strategies.preemption import PreemptionWatch
 from drivetrain.trainer import preemption
 from drivetrain.trainer.checkpointing import restore_generators
+from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.evaluation import limit_below_length, run_evaluation
 from drivetrain.trainer.optimizers import step_schedulers
 from drivetrain.trainer.profiling import timed, timed_batches
@@ -166,7 +167,11 @@ class FitLoop:
                 self._validate()
             progress.epoch_finished = True
             hooks.call("on_train_epoch_end")
-            run.metrics.log(results.epoch_metrics(logger_only=True), step=progress.global_step)
+            # Lightning logs the epoch's row one below the steps taken (at the last batch's x-axis).
+            stepped = batches_that_stepped(
+                progress.global_step, progress.total_batches, run.optimization.manual
+            )
+            run.metrics.log(results.epoch_metrics(logger_only=True), step=max(stepped - 1, 0))
         # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
         if run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
             step_schedulers(
@@ -230,6 +235,8 @@ class FitLoop:
         batch_idx = progress.batches_done
         cut = limit_below_length(run.data.train_loader, limit)
         optimization.start_epoch(batch_idx)
+        manual = optimization.manual
+        metrics.batch_step = None
         for batch in timed_batches(profiler, "train_dataloader_next", iterator):
             if batch_idx >= limit:
                 break
@@ -239,6 +246,9 @@ class FitLoop:
             last = progress.is_last_batch = batch_idx + 1 == limit or self._last_flag
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
                 break
+            steps_before = progress.global_step
+            if logging:
+                metrics.batch_step = batches_that_stepped(steps_before, progress.total_batches, manual)
             outputs = step(batch, batch_idx, last)
             batch_idx += 1
             progress.batches_done = batch_idx
@@ -248,11 +258,12 @@ class FitLoop:
                 progress.validation_pending = True
             if hooks.on_train_batch_end is not None:
                 hooks.on_train_batch_end(optimization.batch_outputs(outputs), batch, batch_idx - 1)
-            if logging and progress.total_batches % log_every == 0:
+            stepped = manual or progress.global_step != steps_before
+            if logging and (at := metrics.step_row_at(stepped, log_every, trainer.should_stop)) is not None:
                 step_metrics = results.step_metrics()
                 if step_metrics:
                     step_metrics["epoch"] = progress.epoch
-                    metrics.log(step_metrics, step=progress.global_step)
+                    metrics.log(step_metrics, step=at)
             if watch.pending and watch.stop_here():  # a stop signal reached some rank
                 preemption.stop(trainer, watch)
             if val_due and batch_idx < limit:
