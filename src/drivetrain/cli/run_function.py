@@ -12,24 +12,10 @@ arguments.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import sys
-from pathlib import Path
-from types import ModuleType
 
-
-def _import_file(path: Path) -> ModuleType:
-    name = path.stem if path.stem.isidentifier() else "training_script"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(
-            f"drivetrain launch: cannot import {path} as Python (give a .py file, or -m for a module)."
-        )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pickling its classes and functions (spawned workers) finds it
-    spec.loader.exec_module(module)
-    return module
+from drivetrain.cli import user_code
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,12 +27,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m drivetrain.cli.run_function [--module] SCRIPT FUNCTION [ARGS ...]")
     script, function_name, *script_arguments = arguments
     sys.argv = [script, *script_arguments]
-    if as_module:
-        module = importlib.import_module(script)
-    else:
-        path = Path(script).resolve()
-        sys.path.insert(0, str(path.parent))  # as `python script.py` does: its folder's modules import
-        module = _import_file(path)
+    try:
+        module = importlib.import_module(script) if as_module else user_code.import_file(script)
+    except ValueError as error:
+        raise SystemExit(f"drivetrain launch: {error}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
         found = sorted(
