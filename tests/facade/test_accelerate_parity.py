@@ -286,10 +286,10 @@ def test_accelerate_variables_are_defaults_the_arguments_override(
         dt.Accelerator()
 
 
-def test_find_executable_batch_size_halves_until_it_fits() -> None:
+def test_find_executable_batch_size_reduces_until_it_fits() -> None:
     tried: list[int] = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda size: size // 2)
     def train(batch_size: int, scale: int) -> int:
         tried.append(batch_size)
         if batch_size > 16:
