@@ -24,7 +24,7 @@ pytestmark = pytest.mark.compat
 
 
 @pytest.fixture(scope="module")
-def Dataset() -> type:  # noqa: N802 - the class, named as users import it
+def Dataset() -> type:
     accelerate_package.add_user_packages(accelerate_package.accelerate_package())
     from datasets import Dataset
 
@@ -40,7 +40,7 @@ def _shares(data: object, processes: int, apply_padding: bool) -> list[object]:
     return shares
 
 
-def test_each_process_gets_a_contiguous_dataset_and_padding_repeats_its_last_row(Dataset: type) -> None:  # noqa: N803
+def test_each_process_gets_a_contiguous_dataset_and_padding_repeats_its_last_row(Dataset: type) -> None:
     data = Dataset.from_list([{"k": v} for v in range(5)])
     shares = _shares(data, 2, apply_padding=False)
     assert [type(share) for share in shares] == [Dataset, Dataset]
