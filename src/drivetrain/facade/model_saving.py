@@ -151,8 +151,14 @@ def write_model(
     limit = parse_size(max_shard_size, "max_shard_size")
     if limit == 0:
         raise ValueError("max_shard_size=0 leaves no room for a tensor; give a positive size such as '10GB'.")
+    from drivetrain.utils import constants
+
     paths.makedirs(directory)
-    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    single, pattern, index_name = (
+        (constants.SAFE_WEIGHTS_NAME, constants.SAFE_WEIGHTS_PATTERN_NAME, constants.SAFE_WEIGHTS_INDEX_NAME)
+        if safe_serialization
+        else (constants.WEIGHTS_NAME, constants.WEIGHTS_PATTERN_NAME, constants.WEIGHTS_INDEX_NAME)
+    )
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in state_dict.items():
@@ -163,17 +169,17 @@ def write_model(
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_object(shards[0], paths.join(directory, f"{stem}{suffix}"), safe_serialization)
+        save_object(shards[0], paths.join(directory, single), safe_serialization)
         return
     weight_map = {}
     for number, shard in enumerate(shards, start=1):
-        filename = f"{stem}-{number:05d}-of-{len(shards):05d}{suffix}"
+        filename = pattern.format(suffix=f"-{number:05d}-of-{len(shards):05d}")
         save_object(shard, paths.join(directory, filename), safe_serialization)
         weight_map.update(dict.fromkeys(shard, filename))
     total = sum(t.numel() * t.element_size() for t in state_dict.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     text = json.dumps(index, indent=2, sort_keys=True).encode()
-    save_bytes(text, paths.join(directory, f"{stem}{suffix}.index.json"))
+    save_bytes(text, paths.join(directory, index_name))
 
 
 def save_bytes(data: bytes, f: str) -> None:
