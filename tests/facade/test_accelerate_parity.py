@@ -236,7 +236,7 @@ def test_load_state_map_location(tmp_path: Path) -> None:
         model.weight.zero_()
     accelerator.load_state(tmp_path, map_location="cpu")
     assert model.weight.abs().sum() > 0
-    with pytest.raises(ValueError, match=r"load_state\(map_location='gpu'\) is not supported; use None"):
+    with pytest.raises(TypeError, match=r"load_state\(map_location='gpu'\) is not supported; use None"):
         accelerator.load_state(tmp_path, map_location="gpu")
 
 
