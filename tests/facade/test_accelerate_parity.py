@@ -6,6 +6,7 @@ The 2-process checks share one launch (``_rank``); each test below reads its par
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import tempfile
@@ -402,3 +403,17 @@ def test_save_and_load_state_hooks_let_a_model_be_saved_its_own_way(tmp_path: Pa
     assert calls == ["save 2 models, 1 left", "load, 1 left"]
     with pytest.raises(TypeError, match="must be callable"):
         accelerator.register_load_state_pre_hook(3)  # type: ignore[arg-type]
+
+
+def test_state_deepspeed_plugin_is_none_unless_the_run_uses_deepspeed() -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    assert accelerator.state.deepspeed_plugin is None  # Accelerate's scripts then take their plain paths
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs the deepspeed extra")
+def test_state_deepspeed_plugin_shows_the_deepspeed_strategys_settings() -> None:
+    accelerator = dt.Accelerator(strategy="deepspeed_stage_2", cpu=True, devices=1)
+    plugin = accelerator.state.deepspeed_plugin
+    assert plugin is not None and plugin.zero_stage == 2
+    assert plugin.deepspeed_config["zero_optimization"]["stage"] == 2
