@@ -197,3 +197,36 @@ def test_get_max_memory_and_clean_device_map() -> None:
     device_map = {"a.x": 0, "a.y": 0, "b.x": 1, "b.y": "cpu", "c": "disk"}
     assert clean_device_map(device_map) == {"b.x": 1, "b.y": "cpu", "c": "disk", "a": 0}
     assert clean_device_map({"a.x": 0, "a.y": 0}) == {"": 0}
+
+
+@pytest.mark.parametrize("offload", ["disk", "cpu", "map"])
+def test_save_model_of_an_offloaded_model_writes_its_weights(offload: str, tmp_path: Path) -> None:
+    import drivetrain as dt
+    from drivetrain.big_modeling import cpu_offload, disk_offload
+    from drivetrain.big_modeling.files import read_shard
+
+    torch.manual_seed(0)
+    reference = ModelForTest().eval()
+    model = ModelForTest().eval()
+    model.load_state_dict(reference.state_dict())
+    if offload == "disk":
+        disk_offload(model, tmp_path / "offload")
+    elif offload == "cpu":
+        cpu_offload(model)
+    else:
+        checkpoint = _saved(reference, tmp_path / "model.safetensors")
+        with init_empty_weights():
+            model = ModelForTest()
+        model = load_checkpoint_and_dispatch(
+            model,
+            checkpoint,
+            device_map={"linear1": "cpu", "batchnorm": "disk", "linear2": "disk"},
+            offload_folder=tmp_path / "offload",
+        )
+    assert model.linear2.weight.device == torch.device("meta")  # offloaded between calls
+    accelerator = dt.Accelerator(cpu=True)
+    accelerator.save_model(model, tmp_path / "saved")
+    saved = read_shard(tmp_path / "saved" / "model.safetensors")
+    assert saved.keys() == reference.state_dict().keys()
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(saved[name], tensor), name

@@ -33,6 +33,7 @@ from drivetrain.big_modeling.device_map import (
 from drivetrain.big_modeling.files import OffloadFolder, iter_checkpoint
 
 _HANDLES = "_drivetrain_dispatch_handles"
+_OFFLOADED = "_drivetrain_offloaded"  # on the model: module name -> its offloaded entry
 _META = torch.device("meta")
 
 
@@ -250,6 +251,48 @@ def _attach(module: nn.Module, execution: torch.device | None, offloaded: list[_
     setattr(module, _HANDLES, handles)
 
 
+def is_offloaded(model: nn.Module) -> bool:
+    """Whether some of ``model``'s weights are kept in CPU RAM or on disk between calls (dispatched or offloaded)."""
+    return any(getattr(module, _OFFLOADED, None) for module in model.modules())
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s state dict with the offloaded weights read in (on the CPU), one entry at a time.
+
+    A dispatched, CPU- or disk-offloaded model holds ``meta`` tensors between calls; this reads each
+    offloaded entry's weights from where they are kept (Accelerate's function of the same name).
+
+    Raises:
+        ValueError: a tensor has no data anywhere (a checkpoint did not hold it).
+    """
+    state = {name: tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
+    for root_name, root in model.named_modules():
+        for entry_name, entry in (getattr(root, _OFFLOADED, None) or {}).items():
+            module_name = ".".join(part for part in (root_name, entry_name) if part)
+            module = model.get_submodule(module_name) if module_name else model
+            prefix = _prefix_in(model, module)
+            for local in entry.names:
+                state[prefix + local] = entry.read(local).detach().to("cpu")
+    aliases = tied_parameters(model)
+    for alias, primary in aliases.items():
+        if alias in state and state[alias].device == _META and primary in state:
+            state[alias] = state[primary]
+    empty = [name for name, tensor in state.items() if tensor.device == _META]
+    if empty:
+        raise ValueError(
+            f"{empty[:3]} hold no data (meta tensors that are not offloaded): load the checkpoint into the model "
+            f"before saving it."
+        )
+    return state
+
+
+def _prefix_in(model: nn.Module, module: nn.Module) -> str:
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return f"{name}." if name else ""
+    raise ValueError("the module is not part of the model")
+
+
 def remove_hooks(model: nn.Module) -> None:
     """Remove every hook :func:`dispatch_model` (or :func:`cpu_offload`) added under ``model``."""
     for module in model.modules():
@@ -257,6 +300,8 @@ def remove_hooks(model: nn.Module) -> None:
             handle.remove()
         if hasattr(module, _HANDLES):
             delattr(module, _HANDLES)
+        if hasattr(module, _OFFLOADED):
+            delattr(module, _OFFLOADED)
 
 
 def _owned_tensors(
@@ -381,6 +426,7 @@ def dispatch_model(
     if "" not in device_map:
         _attach(model, main, [])  # inputs given to the whole model start on the main device
     _preload(model, held, preload_module_classes)
+    setattr(model, _OFFLOADED, held)
     model.hf_device_map = dict(device_map)  # type: ignore[assignment]
     return model
 
@@ -432,7 +478,9 @@ def cpu_offload(
     remove_hooks(model)
     for name in names:
         set_module_tensor_to_device(model, name, _META)
-    _attach(model, device, [_Offloaded(model, names, kept.__getitem__, device)])
+    entry = _Offloaded(model, names, kept.__getitem__, device)
+    _attach(model, device, [entry])
+    setattr(model, _OFFLOADED, {"": entry})
     return model
 
 
@@ -455,7 +503,9 @@ def disk_offload(
     folder.flush()
     device = torch.device(execution_device) if execution_device is not None else torch.device("cpu")
     remove_hooks(model)
-    _attach(model, device, [_Offloaded(model, list(folder.index), folder.load, device)])
+    entry = _Offloaded(model, list(folder.index), folder.load, device)
+    _attach(model, device, [entry])
+    setattr(model, _OFFLOADED, {"": entry})
     return model
 
 

@@ -71,9 +71,17 @@ class ModelSaving(ProcessControl):
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s state dict as the strategy assembles it (whole, even when sharded), with the
-        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper)."""
+        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper).
+
+        A model whose weights are offloaded to CPU RAM or disk (``dispatch_model``, ``cpu_offload``,
+        ``disk_offload``) gives its weights read in from there, on the CPU.
+        """
+        from drivetrain.big_modeling.dispatch import get_state_dict_offloaded_model, is_offloaded
         from drivetrain.utils.dynamo import uncompiled
 
+        inner = self.strategy.unwrap_module(uncompiled(model))
+        if is_offloaded(inner):
+            return get_state_dict_offloaded_model(inner)
         return self.strategy.get_module_state_dict(uncompiled(model))
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
