@@ -107,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         patch_environment,
         purge_accelerate_environment,
     )
+    from drivetrain.utils.fsdp_utils import merge_fsdp_weights, save_fsdp_model
     from drivetrain.utils.kwargs_handlers import (
         AORecipeKwargs,
         AutocastKwargs,
@@ -184,6 +185,8 @@ __getattr__, __dir__ = lazy_exports(
         "SkipBatchSampler": "drivetrain.data.skipping",
         "SkipDataLoader": "drivetrain.data.skipping",
         "clean_device_map": "drivetrain.big_modeling",
+        "merge_fsdp_weights": "drivetrain.utils.fsdp_utils",
+        "save_fsdp_model": "drivetrain.utils.fsdp_utils",
         "get_state_dict_offloaded_model": "drivetrain.big_modeling.dispatch",
         "get_max_memory": "drivetrain.big_modeling",
         "clear_environment": "drivetrain.utils.environment",
@@ -353,6 +356,7 @@ __all__ = [
     "is_weights_only_available",
     "is_xpu_available",
     "load_checkpoint_in_model",
+    "merge_fsdp_weights",
     "pad_across_processes",
     "patch_environment",
     "prepare_data_loader",
@@ -360,6 +364,7 @@ __all__ = [
     "recursively_apply",
     "reduce",
     "release_memory",
+    "save_fsdp_model",
     "send_to_device",
     "set_module_tensor_to_device",
     "set_seed",
