@@ -93,7 +93,7 @@ def test_save_fsdp_model_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     class ShardedPlugin:
         state_dict_type = "SHARDED_STATE_DICT"
 
-    with pytest.raises(ValueError, match="accelerator.save_state"):
+    with pytest.raises(ValueError, match=r"accelerator\.save_state"):
         save_fsdp_model(ShardedPlugin(), accelerator, model, tmp_path)
     with pytest.raises(ValueError, match="adapter_only=True"):
         save_fsdp_model(None, accelerator, model, tmp_path, adapter_only=True)
