@@ -338,3 +338,19 @@ def test_a_missing_training_function_is_named(tmp_path: Path) -> None:
         SystemExit, match=r"job.py has no function of that name \(its functions: evaluate, train\)"
     ):
         run_function([str(script), "fit"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_quiet_leaves_out_torchruns_report_of_a_failure(tmp_path: Path) -> None:
+    reports = {}
+    for quiet in (False, True):
+        out = tmp_path / f"quiet-{quiet}"
+        out.mkdir()
+        options = ["--quiet"] if quiet else []
+        launched = _launch(["-n", "2", "--cpu", *options, str(SCRIPT), str(out), "fail"], tmp_path / "home")
+        assert launched.returncode == 1
+        assert "rank 1 failed on purpose" in launched.stderr  # the failing rank's own error
+        assert "drivetrain launch: " in launched.stderr and "failed: rank 1" in launched.stderr
+        reports[quiet] = "failed (exitcode: " in launched.stderr  # torchrun's agent log line
+    assert reports == {False: True, True: False}
