@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         load_checkpoint_in_model,
         set_module_tensor_to_device,
     )
+    from drivetrain.big_modeling.dispatch import get_state_dict_offloaded_model
     from drivetrain.data.prepare import skip_first_batches
     from drivetrain.data.seeding import SeedableRandomSampler
     from drivetrain.data.skipping import SkipBatchSampler, SkipDataLoader
