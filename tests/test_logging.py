@@ -137,3 +137,41 @@ def test_drivetrain_logs_at_info_unless_the_user_set_a_level() -> None:
     library = logging.getLogger("drivetrain")
     assert library.getEffectiveLevel() == logging.INFO
     assert any(type(h).__name__ == "ConsoleHandler" for h in library.handlers)
+
+
+class _CallerLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A user's wrapper, as Accelerate's own logging test has it: ``stacklevel=3`` names its caller's line."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        kwargs["stacklevel"] = 3
+        self.logger.log(level, msg, *args, **kwargs)
+
+
+def test_a_stacklevel_counts_from_the_loggers_own_method_as_in_accelerate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import inspect
+
+    logger = get_logger("drivetrain.tests.stacklevel")
+    wrapped = _CallerLogger(logger, {})
+
+    def from_a_helper() -> None:
+        logger.warning("helper", stacklevel=2)  # names the helper itself, as Accelerate's does
+
+    with caplog.at_level(logging.WARNING, logger="drivetrain.tests.stacklevel"):
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        wrapped.warning("through a wrapper")
+        from_a_helper()
+        logger.warning("direct")
+    records = [(r.message, r.funcName, r.lineno) for r in caplog.records]
+    assert records[0] == (
+        "through a wrapper",
+        "test_a_stacklevel_counts_from_the_loggers_own_method_as_in_accelerate",
+        line,
+    )
+    assert records[1][:2] == ("helper", "from_a_helper")
+    assert records[2] == (
+        "direct",
+        "test_a_stacklevel_counts_from_the_loggers_own_method_as_in_accelerate",
+        line + 2,
+    )

@@ -199,10 +199,12 @@ def test_a_config_file_with_settings_drivetrain_cannot_honour_is_refused(
 
     path = tmp_path / "c.yaml"
     path.write_text(
-        "num_processes: 2\ndowncast_bf16: 'yes'\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+        "num_processes: 2\ncompute_environment: AMAZON_SAGEMAKER\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
     )
     with pytest.raises(
-        ValueError, match=r"cannot honour downcast_bf16: 'yes'; fsdp_config \(choose the strategy"
+        ValueError,
+        match=r"cannot honour:\n  - compute_environment: 'AMAZON_SAGEMAKER': .*\n  - fsdp_config: FSDP is chosen by "
+        r"the script in drivetrain: drivetrain.Accelerator\(strategy='fsdp'\)",
     ):
         launch_config.load(path)
     path.write_text("num_proceses: 2\n")
@@ -350,7 +352,7 @@ def test_a_dynamo_config_section_is_read_and_what_cannot_be_honoured_is_refused(
     path.write_text("dynamo_config:\n  dynamo_use_regional_compilation: true\n  dynamo_other: 1\n")
     with pytest.raises(
         ValueError,
-        match=r"cannot honour dynamo_config\.dynamo_use_regional_compilation: True; dynamo_config\.dynamo_other",
+        match=r"cannot honour:\n  - dynamo_config\.dynamo_use_regional_compilation: True: .*\n  - dynamo_config\.dynamo_other",
     ):
         launch_config.load(path)
     path.write_text("dynamo_mode: fastest\n")

@@ -119,10 +119,6 @@ SCRIPTS: tuple[Script, ...] = (
         path="test_utils/scripts/test_script.py",
         world_sizes=(1, 2),
         not_applicable={
-            "test_split_between_processes_dataset": NotApplicable(
-                "needs Hugging Face `datasets` (not a drivetrain dependency; main() skips it without it); "
-                "split_between_processes on lists, dicts and tensors is covered by the other split sub-tests"
-            ),
             "check_seedable_sampler_in_batch_sampler_shard": NotApplicable(
                 "main() runs it with several processes only", ONE_PROCESS
             ),

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import accelerate_package
 import hook
 import manifest
 
@@ -136,6 +137,7 @@ def install_stubs(names: tuple[str, ...]) -> None:
 def run(package: Path, script: manifest.Script, stream: TextIO, rank: int, world_size: int) -> None:
     recorder = Recorder(stream, rank, script.labels)
     hook.install(package)
+    accelerate_package.add_user_packages(package)  # datasets …, as users who have them installed
     install_stubs(script.stub_modules)
     path = package / script.path
     source = path.read_text()

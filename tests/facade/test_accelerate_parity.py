@@ -6,6 +6,7 @@ The 2-process checks share one launch (``_rank``); each test below reads its par
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import tempfile
@@ -236,7 +237,7 @@ def test_load_state_map_location(tmp_path: Path) -> None:
         model.weight.zero_()
     accelerator.load_state(tmp_path, map_location="cpu")
     assert model.weight.abs().sum() > 0
-    with pytest.raises(ValueError, match=r"load_state\(map_location='gpu'\) is not supported; use None"):
+    with pytest.raises(TypeError, match=r"load_state\(map_location='gpu'\) is not supported; use None"):
         accelerator.load_state(tmp_path, map_location="gpu")
 
 
@@ -286,10 +287,10 @@ def test_accelerate_variables_are_defaults_the_arguments_override(
         dt.Accelerator()
 
 
-def test_find_executable_batch_size_halves_until_it_fits() -> None:
+def test_find_executable_batch_size_reduces_until_it_fits() -> None:
     tried: list[int] = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda size: size // 2)
     def train(batch_size: int, scale: int) -> int:
         tried.append(batch_size)
         if batch_size > 16:
@@ -402,3 +403,17 @@ def test_save_and_load_state_hooks_let_a_model_be_saved_its_own_way(tmp_path: Pa
     assert calls == ["save 2 models, 1 left", "load, 1 left"]
     with pytest.raises(TypeError, match="must be callable"):
         accelerator.register_load_state_pre_hook(3)  # type: ignore[arg-type]
+
+
+def test_state_deepspeed_plugin_is_none_unless_the_run_uses_deepspeed() -> None:
+    accelerator = dt.Accelerator(cpu=True)
+    assert accelerator.state.deepspeed_plugin is None  # Accelerate's scripts then take their plain paths
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs the deepspeed extra")
+def test_state_deepspeed_plugin_shows_the_deepspeed_strategys_settings() -> None:
+    accelerator = dt.Accelerator(strategy="deepspeed_stage_2", cpu=True, devices=1)
+    plugin = accelerator.state.deepspeed_plugin
+    assert plugin is not None and plugin.zero_stage == 2
+    assert plugin.deepspeed_config["zero_optimization"]["stage"] == 2

@@ -68,3 +68,38 @@ def test_a_function_name_or_bare_argument_is_refused_before_any_process_starts()
         TypeError, match=r"as a tuple, got float \(2\.0\)\. For one argument write args=\(2\.0,\)\."
     ):
         dt.notebook_launcher(_never_runs, 2.0, num_processes=2)  # type: ignore[arg-type]
+
+
+def _fail_once_then_train(directory: str) -> None:
+    """Rank 1 fails in the first attempt; the elastic agent restarts both, and the second attempt trains."""
+    import os
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt == 0 and os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 fails in the first attempt")
+    accelerator = dt.Accelerator(cpu=True)
+    total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0])).item()
+    (Path(directory) / f"rank{accelerator.process_index}").write_text(f"{attempt} {total}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_accelerates_elastic_options_run_under_torchs_agent(tmp_path: Path) -> None:
+    dt.notebook_launcher(
+        _fail_once_then_train,
+        (str(tmp_path),),
+        num_processes=2,
+        rdzv_backend="c10d",
+        max_restarts=1,
+        monitor_interval=0.2,
+    )
+    assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["1 3.0", "1 3.0"]
+
+
+def test_bad_elastic_options_are_explained() -> None:
+    with pytest.raises(ValueError, match="max_restarts must be an int >= 0"):
+        dt.notebook_launcher(_never_runs, ("x",), num_processes=2, max_restarts=-1)
+    with pytest.raises(ValueError, match="monitor_interval must be a positive number"):
+        dt.notebook_launcher(_never_runs, ("x",), num_processes=2, rdzv_backend="c10d", monitor_interval=0)
+    with pytest.raises(TypeError, match=r"unexpected arguments \['max_restart'\]"):
+        dt.notebook_launcher(_never_runs, ("x",), num_processes=2, max_restart=1)

@@ -350,7 +350,7 @@ def test_the_search_is_shared_with_find_executable_batch_size() -> None:
     assert search_batch_size(trial, init_val=2, max_trials=3) == 8  # 2, 4, 8: out of trials
     assert search_batch_size(trial, init_val=2, max_val=40) == 40
 
-    @find_executable_batch_size(starting_batch_size=512)
+    @find_executable_batch_size(starting_batch_size=512, reduce_batch_size_fn=lambda size: size // 2)
     def train(batch_size: int) -> int:
         trial(batch_size)
         return batch_size

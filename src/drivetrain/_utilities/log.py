@@ -115,8 +115,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         rank = global_rank()
         if everywhere and _world_size() > 1:
             msg = f"[rank {rank}] {msg}"
-        # The record names the user's line: it is 3 frames above logger.log (public method, here, there).
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2
+        # Without a stacklevel the record names the user's line, 3 frames above logger.log (public
+        # method, here, there). A stacklevel given counts from this adapter's method, as Accelerate's
+        # adapter counts (its log() is frame 1): a wrapper passing stacklevel=3 names its caller's line.
+        given = kwargs.get("stacklevel")
+        kwargs["stacklevel"] = 3 if given is None else given + 1
         if in_order and everywhere:
             _in_rank_order(functools.partial(self.logger.log, level, msg, *args, **kwargs))
         elif everywhere or rank == 0:

@@ -15,7 +15,9 @@ Accelerate's big-model helpers, on plain torch modules::
 
 from drivetrain.big_modeling.device_map import (
     check_device_map,
+    clean_device_map,
     compute_module_sizes,
+    get_max_memory,
     infer_auto_device_map,
     parse_size,
 )
@@ -32,10 +34,12 @@ from drivetrain.big_modeling.empty_weights import init_empty_weights, init_on_de
 
 __all__ = [
     "check_device_map",
+    "clean_device_map",
     "compute_module_sizes",
     "cpu_offload",
     "disk_offload",
     "dispatch_model",
+    "get_max_memory",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",

@@ -51,12 +51,15 @@ def checkpoint_shards(checkpoint: str | os.PathLike[str]) -> list[Path]:
                 f"{path} holds {'no' if not files else 'several'} checkpoint files ({[p.name for p in files]}) and no "
                 f"*.index.json: pass a file, or a folder with one file or with a sharded checkpoint's index."
             )
-    if path.name.endswith(".index.json"):
+    if path.suffix == ".json":
         index = json.loads(path.read_text())
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
+        # A sharded checkpoint's index ({"weight_map": {tensor: file}}), or the map itself, as
+        # Accelerate reads both.
+        weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise ValueError(
-                f"{path} has no 'weight_map' (tensor name -> file); it is not a sharded checkpoint index."
+                f"{path} is not a checkpoint index: it needs a 'weight_map' (tensor name -> file), or to be that "
+                f"map itself."
             )
         return [path.parent / name for name in dict.fromkeys(weight_map.values())]
     return [path]

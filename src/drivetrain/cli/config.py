@@ -1,11 +1,17 @@
 """``drivetrain config``: write the launch settings ``drivetrain launch`` reads by default.
 
 Asks a few questions (Enter takes the value in brackets), or with ``--default`` writes the
-values given as flags without asking, like ``accelerate config`` / ``accelerate config default``::
+values given as flags without asking, like ``accelerate config``::
 
     drivetrain config                                   # questions
     drivetrain config --default --num_processes 2 --mixed_precision bf16
     drivetrain config --config_file team.yaml           # then: drivetrain launch --config_file team.yaml ...
+
+``drivetrain config default`` is ``accelerate config default``: it writes a basic file for this
+machine without asking (one process per GPU, or one CPU process where there is no accelerator),
+and never replaces a file that exists::
+
+    drivetrain config default [--config_file PATH] [--mixed_precision no|fp16|bf16]
 """
 
 from __future__ import annotations
@@ -67,6 +73,31 @@ def add_config_command(commands: Any) -> None:
         help="torch.compile backend for the Accelerator's models (no, inductor, aot_eager, eager …)",
     )
     parser.set_defaults(run=run_config)
+    actions = parser.add_subparsers(dest="config_action", metavar="ACTION")
+    default = actions.add_parser(
+        "default",
+        help="write a basic file for this machine without questions (as `accelerate config default`)",
+        description=(
+            "Write a basic launch settings file for this machine: one process per device of the best "
+            "accelerator here (one CPU process where there is none). An existing file is left as it is."
+        ),
+    )
+    default.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="config_file",
+        default=None,
+        help=f"where to write (default: {launch_config.default_path()})",
+    )
+    default.add_argument(
+        "--mixed_precision",
+        "--mixed-precision",
+        dest="mixed_precision",
+        choices=("no", "fp16", "bf16"),
+        default="no",
+        help="the precision the launched scripts default to (default: no)",
+    )
+    default.set_defaults(run=run_config_default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,4 +232,53 @@ def run_config(args: argparse.Namespace) -> int:
         f"drivetrain config: wrote {path}; `drivetrain launch` reads it by default"
         + ("" if args.config_file is None else f" with --config_file {path}")
     )
+    return 0
+
+
+def basic_config(mixed_precision: str = "no") -> LaunchConfig:
+    """What ``drivetrain config default`` writes on this machine (as Accelerate's ``write_basic_config``)."""
+    from drivetrain.accelerators import CPUAccelerator, resolve_accelerator
+
+    hardware = resolve_accelerator("auto")
+    on_cpu = isinstance(hardware, CPUAccelerator)
+    return LaunchConfig(
+        num_processes=1 if on_cpu else hardware.auto_device_count(),
+        num_machines=1,
+        machine_rank=0,
+        mixed_precision=mixed_precision,
+        use_cpu=on_cpu,
+        accelerator="cpu" if on_cpu else "auto",
+        debug=False,
+    )
+
+
+def write_basic_config(mixed_precision: str = "no", save_location: str | Path | None = None) -> Path | bool:
+    """Write :func:`basic_config` to ``save_location`` (default: where ``drivetrain launch`` looks).
+
+    Accelerate's ``write_basic_config``: a file that exists is left as it is (a message says so)
+    and ``False`` is returned; else the path written.
+
+    Raises:
+        ValueError: ``mixed_precision`` is not ``"no"``, ``"fp16"`` or ``"bf16"``.
+    """
+    if not isinstance(mixed_precision, str) or mixed_precision.lower() not in ("no", "fp16", "bf16"):
+        raise ValueError(f"mixed_precision must be 'no', 'fp16' or 'bf16', got {mixed_precision!r}.")
+    path = Path(save_location) if save_location is not None else launch_config.default_path()
+    if path.exists():
+        print(
+            f"drivetrain config default: {path} exists and is left as it is; edit it, run `drivetrain config`, or "
+            f"pass another --config_file."
+        )
+        return False
+    launch_config.save(basic_config(mixed_precision.lower()), path)
+    return path
+
+
+def run_config_default(args: argparse.Namespace) -> int:
+    written = write_basic_config(args.mixed_precision, args.config_file)
+    if written:
+        print(
+            f"drivetrain config default: wrote {written}; `drivetrain launch` reads it"
+            + ("" if args.config_file is None else f" with --config_file {written}")
+        )
     return 0

@@ -1,7 +1,8 @@
 """``drivetrain consolidate SRC DST`` (or ``merge-weights``, Accelerate's name): one file from a sharded checkpoint.
 
 ``SRC`` is a directory written by ``FSDPStrategy.save_state`` (sharded, through
-``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``; ``DST`` is the file to
+``torch.distributed.checkpoint``) or by ``DeepSpeedStrategy.save_state``, or the folder given to
+``Accelerator.save_state`` (the sharded ``state.ckpt`` inside it is found); ``DST`` is the file to
 write, loadable with ``torch.load(DST, weights_only=True)`` in one process. Runs without a GPU
 or a process group; it needs memory for the whole model. ``SRC`` is read safely (no code from
 the files runs); ``--no-weights-only`` lifts that for checkpoints from a trusted source. An FSDP
@@ -24,7 +25,10 @@ def add_consolidate_command(commands: Any) -> None:
         "into the single file DST, loadable with torch.load(DST, weights_only=True).",
     )
     parser.add_argument(
-        "source", metavar="SRC", help="the sharded checkpoint directory (an FSDP one may be remote: s3://...)"
+        "source",
+        metavar="SRC",
+        help="the sharded checkpoint directory, or the folder given to Accelerator.save_state (an FSDP one may be "
+        "remote: s3://...)",
     )
     parser.add_argument("destination", metavar="DST", help="the file to write (local or remote)")
     parser.add_argument(

@@ -10,8 +10,6 @@ import re
 import sys
 from typing import Any
 
-import torch
-
 import drivetrain
 
 
@@ -115,6 +113,8 @@ def explain_auto_strategy(model: str | None, init_args: str, devices: int, preci
 
 def describe_environment() -> str:
     """The report ``drivetrain env`` prints."""
+    import torch  # here, not at the top: `drivetrain --help` builds this command's parser without torch
+
     from drivetrain.accelerators import AcceleratorRegistry
     from drivetrain.plugins.environments import detect_cluster_environment
     from drivetrain.plugins.precision import PrecisionRegistry

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.cli import user_code
 from drivetrain.strategies.memory_estimate import (
     OPTIMIZER_STATES,
     STRATEGIES,
@@ -51,13 +51,14 @@ def build_model(spec: str, init_args: dict[str, Any]) -> nn.Module:
 
     from drivetrain.big_modeling import init_empty_weights
 
-    module_name, _, class_name = spec.partition(":")
+    module_name, _, class_name = spec.rpartition(":")  # rpartition: a Windows path has a colon too
     if not module_name or not class_name:
         raise ValueError(
-            f"{spec!r} is not MODULE:CLASS (e.g. 'torchvision.models:resnet50' or 'mymodels:Net')."
+            f"{spec!r} is not MODULE:CLASS (e.g. 'torchvision.models:resnet50', 'mymodels:Net' or "
+            f"'./mymodels.py:Net')."
         )
     try:
-        module = importlib.import_module(module_name)
+        module = user_code.import_module(module_name)
     except ImportError as error:
         raise ValueError(f"cannot import {module_name!r}: {error}") from None
     factory = getattr(module, class_name, None)
@@ -98,7 +99,10 @@ def add_estimate_memory_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "model", metavar="MODULE:CLASS", help="the model class (or a function returning a module)"
+        "model",
+        metavar="MODULE:CLASS",
+        help="the model class (or a function returning a module): a module of this folder or an installed "
+        "package (mymodels:Net), or a file (./mymodels.py:Net)",
     )
     parser.add_argument(
         "--init-args", "--init_args", dest="init_args", default="{}", help="keyword arguments, as JSON"

@@ -8,13 +8,18 @@ If any process fails, torchrun stops the others and this command exits non-zero 
 that failed first, how it ended and its error. The ranks die with this command (kill -9 included).
 
 Accelerate's spellings work too (``--num_processes`` counts all nodes' processes,
-``--num_machines``, ``--machine_rank``, ``--main_process_ip/port``, ``--mixed_precision``,
-``--gradient_accumulation_steps``, ``--cpu``, ``--multi_gpu``, ``--config_file``,
+``--num_machines``, ``--machine_rank``, ``--main_process_ip/port``, ``--same_network``,
+``--mixed_precision``, ``--gradient_accumulation_steps``, ``--cpu``, ``--multi_gpu``,
+``--gpu_ids``, ``--num_cpu_threads_per_process``, ``--enable_cpu_affinity``, ``--debug``,
+``--max_restarts``, ``--monitor_interval``, ``--tee``, ``--log_dir``, ``--no_python``,
+``--quiet``, ``--main_training_function``, ``--downcast_bf16``, ``--config_file``,
 ``--dynamo_backend``/``--dynamo_mode``/``--dynamo_use_fullgraph``/``--dynamo_use_dynamic``);
-settings not on the command line come from the file ``drivetrain config`` writes. Precision and
-accumulation steps become the defaults of the script's ``Accelerator``/``Trainer``; the dynamo
-settings (Accelerate's ``ACCELERATE_DYNAMO_*`` variables) those of its ``Accelerator``, which
-then compiles the models it prepares.
+settings not on the command line come from the file ``drivetrain config`` writes (or
+``accelerate config`` wrote). Precision and accumulation steps become the defaults of the
+script's ``Accelerator``/``Trainer``; the dynamo settings (Accelerate's ``ACCELERATE_DYNAMO_*``
+variables) and ``--debug`` (``ACCELERATE_DEBUG_MODE``) those of its ``Accelerator``. DeepSpeed
+and FSDP are chosen by the script (``strategy='deepspeed_stage_2'``, ``'fsdp'``):
+``--use_deepspeed``/``--use_fsdp`` say so and start nothing.
 
 Examples::
 
@@ -33,8 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from drivetrain.cli import launch_config
-from drivetrain.cli.loopback_rendezvous import loopback_rendezvous
+from drivetrain.cli import launch_config, launch_options
 from drivetrain.strategies.launchers.overrides import (
     ACCELERATOR_VARIABLE,
     ACCUMULATION_VARIABLE,
@@ -118,10 +122,19 @@ def add_launch_command(commands: Any) -> None:
     parser.add_argument("--rdzv-id", dest="rdzv_id", default=None, help="torchrun rendezvous id")
     parser.add_argument(
         "--max-restarts",
+        "--max_restarts",
         dest="max_restarts",
         type=int,
         default=0,
         help="restart the workers this many times on failure (default 0)",
+    )
+    parser.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        dest="monitor_interval",
+        type=float,
+        default=None,
+        help="seconds between torchrun's checks of the workers (default: torchrun's, 0.1)",
     )
     parser.add_argument(
         "--accelerator",
@@ -191,6 +204,7 @@ def add_launch_command(commands: Any) -> None:
         default=None,
         help=f"launch settings written by `drivetrain config` (default: {launch_config.default_path()} if it exists)",
     )
+    launch_options.add_accelerate_options(parser)
     parser.add_argument("-m", "--module", action="store_true", help="run the script argument as a module")
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -228,6 +242,9 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
         config.rdzv_backend = None
     if config.dynamo_backend is not None and config.dynamo_backend.lower() == "no":
         config.dynamo_backend = None
+    for key in ("debug", "enable_cpu_affinity", "downcast_bf16"):
+        if getattr(config, key) is False:
+            setattr(config, key, None)
     for option, key in (
         ("num_processes", "num_processes"),
         ("nnodes", "num_machines"),
@@ -243,6 +260,12 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
         ("dynamo_mode", "dynamo_mode"),
         ("dynamo_use_fullgraph", "dynamo_use_fullgraph"),
         ("dynamo_use_dynamic", "dynamo_use_dynamic"),
+        ("same_network", "same_network"),
+        ("debug", "debug"),
+        ("gpu_ids", "gpu_ids"),
+        ("enable_cpu_affinity", "enable_cpu_affinity"),
+        ("main_training_function", "main_training_function"),
+        ("downcast_bf16", "downcast_bf16"),
     ):
         value = getattr(config, key)
         if getattr(merged, option) is None and value is not None:
@@ -320,23 +343,42 @@ def torchrun_arguments(args: argparse.Namespace, nproc_per_node: int) -> list[st
         f"--node-rank={args.node_rank or 0}",
         f"--max-restarts={args.max_restarts}",
     ]
-    if args.master_addr is not None:
-        arguments.append(f"--master-addr={args.master_addr}")
-    if args.master_port is not None:
-        arguments.append(f"--master-port={args.master_port}")
-    for option in ("rdzv_backend", "rdzv_endpoint", "rdzv_id"):
-        value = getattr(args, option)
+    endpoint = args.rdzv_endpoint
+    if (
+        _several_nodes(args)
+        and args.rdzv_backend not in (None, "static")
+        and args.master_addr is not None
+        and endpoint is None
+    ):
+        # A dynamic rendezvous (c10d …) meets at its endpoint: machine 0's address, as accelerate
+        # launch does for machines not on one network. The static rendezvous meets at machine 0's
+        # address whatever --same_network says (torchrun's --master-addr/--master-port).
+        endpoint = f"{args.master_addr}:{args.master_port or 29500}"
+    else:
+        if args.master_addr is not None:
+            arguments.append(f"--master-addr={args.master_addr}")
+        if args.master_port is not None:
+            arguments.append(f"--master-port={args.master_port}")
+    for option, value in (
+        ("rdzv-backend", args.rdzv_backend),
+        ("rdzv-endpoint", endpoint),
+        ("rdzv-id", args.rdzv_id),
+    ):
         if value is not None:
-            arguments.append(f"--{option.replace('_', '-')}={value}")
-    if args.module:
-        arguments.append("-m")
-    return [*arguments, args.script, *args.script_args]
+            arguments.append(f"--{option}={value}")
+    return [*arguments, *launch_options.torchrun_options(args), *launch_options.program(args)]
+
+
+def _several_nodes(args: argparse.Namespace) -> bool:
+    return str(args.nnodes or "1") not in ("1", "1:1")
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    if not args.module and not os.path.exists(args.script):
+    launch_options.check_accelerate_options(args)
+    if not launch_options.script_exists(args):
         _fail(f"the script {args.script!r} does not exist (use -m to run a module).")
     args = _with_config(args)
+    launch_options.check_accelerate_options(args)
     _check_settings(args)
     nproc_per_node = _processes_per_node(args)
     nodes = str(args.nnodes or "1")
@@ -360,12 +402,15 @@ def run_launch(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             os.environ[variable] = str(value).lower()
+    launch_options.apply_accelerate_options(args, nproc_per_node)
     # torchrun would force 1 thread per process and warn; share the cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc_per_node)))
     # The ranks die with this process (see TorchElasticEnvironment.launcher_pid), even under kill -9.
     os.environ["DRIVETRAIN_LAUNCHER_PID"] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+
+    from drivetrain.cli.loopback_rendezvous import loopback_rendezvous
 
     arguments = torchrun_arguments(args, nproc_per_node)
     if _single_node_without_rendezvous(args):
@@ -419,7 +464,7 @@ def _preempted(failures: dict[int, Any]) -> int | None:
 def _single_node_without_rendezvous(args: argparse.Namespace) -> bool:
     """One node, and no rendezvous options: drivetrain hosts the store, on loopback only."""
     options = (args.master_addr, args.master_port, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id)
-    return str(args.nnodes or "1") in ("1", "1:1") and all(option is None for option in options)
+    return not _several_nodes(args) and all(option is None for option in options)
 
 
 def describe_failures(failures: dict[int, Any]) -> str:

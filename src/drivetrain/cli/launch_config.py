@@ -17,13 +17,22 @@ A YAML mapping with Accelerate's key names, so an ``accelerate config`` file wor
     dynamo_mode: null         # default, reduce-overhead, max-autotune …
     dynamo_use_fullgraph: null
     dynamo_use_dynamic: null
+    same_network: null        # several machines: true = machine 0's address (static), false = a rendezvous there
+    debug: false              # check that every collective is called alike on all ranks
+    gpu_ids: all              # which GPUs of this machine (a comma-separated list of ids)
+    enable_cpu_affinity: false  # bind each rank to the CPUs of its GPU's NUMA node
+    main_training_function: main  # the script's function each process calls (main: run the script)
+    downcast_bf16: false      # TPUs: torch_xla's XLA_DOWNCAST_BF16
 
-Accelerate's ``dynamo_config:`` section (``dynamo_backend: INDUCTOR`` …) is read as these keys.
+Accelerate's ``dynamo_config:`` section (``dynamo_backend: INDUCTOR`` …) is read as these keys,
+and its ``num_processes: -1`` as "not set".
 
 The default file is ``$XDG_CONFIG_HOME/drivetrain/launch.yaml`` (``~/.config/drivetrain/launch.yaml``).
-Keys of Accelerate's that drivetrain has no use for are accepted at their neutral values; any
-other value for them, and Accelerate's ``deepspeed_config``/``fsdp_config``/… sections, are an
-error (a setting is never dropped silently: choose the strategy in the script).
+Keys of Accelerate's that drivetrain has no use for are accepted at their neutral values, and its
+integration sections (``deepspeed_config``, ``fsdp_config``, ``ipex_config`` …) when empty or
+switched off (:mod:`drivetrain.cli.accelerate_file`). Any other value for them is an error whose
+advice fits the section (DeepSpeed and FSDP: the strategy the script passes); a setting is never
+dropped silently.
 """
 
 from __future__ import annotations
@@ -33,21 +42,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-#: Accelerate keys that change nothing here at these values (what ``accelerate config`` writes
-#: for a plain run); another value is reported, since drivetrain would not honour it.
-NEUTRAL_KEYS: dict[str, tuple[Any, ...]] = {
-    "compute_environment": ("LOCAL_MACHINE",),
-    "debug": (False,),
-    "downcast_bf16": ("no", False),
-    "enable_cpu_affinity": (False,),
-    "gpu_ids": ("all", None),
-    "main_training_function": ("main",),
-    "same_network": (True,),
-    "tpu_env": ([],),
-    "tpu_use_cluster": (False,),
-    "tpu_use_sudo": (False,),
-    "distributed_type": ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_MPS"),
-}
+from drivetrain.cli import accelerate_file
 
 
 @dataclasses.dataclass
@@ -68,6 +63,12 @@ class LaunchConfig:
     dynamo_mode: str | None = None
     dynamo_use_fullgraph: bool | None = None
     dynamo_use_dynamic: bool | None = None
+    same_network: bool | None = None
+    debug: bool | None = None
+    gpu_ids: str | None = None
+    enable_cpu_affinity: bool | None = None
+    main_training_function: str | None = None
+    downcast_bf16: bool | None = None
 
     def to_yaml(self) -> str:
         import yaml  # only when a file is written: `drivetrain launch` without one never needs it
@@ -89,8 +90,18 @@ _STR_KEYS = {
     "accelerator",
     "dynamo_backend",
     "dynamo_mode",
+    "gpu_ids",
+    "main_training_function",
 }
-_BOOL_KEYS = {"use_cpu", "dynamo_use_fullgraph", "dynamo_use_dynamic"}
+_BOOL_KEYS = {
+    "use_cpu",
+    "dynamo_use_fullgraph",
+    "dynamo_use_dynamic",
+    "same_network",
+    "debug",
+    "enable_cpu_affinity",
+    "downcast_bf16",
+}
 #: Accelerate's ``dynamo_config`` keys that change nothing at these values.
 _NEUTRAL_DYNAMO_KEYS: dict[str, tuple[Any, ...]] = {"dynamo_use_regional_compilation": (False, None)}
 
@@ -128,6 +139,14 @@ def check_value(key: str, value: Any, source: str) -> Any:
                 raise ValueError(
                     f"{source}: dynamo_mode must be one of {', '.join(COMPILE_MODES)}, got {value!r}."
                 )
+        if key == "gpu_ids" and value != "all":
+            ids = [part.strip() for part in value.split(",")]
+            if not all(part.isdigit() for part in ids):
+                raise ValueError(
+                    f"{source}: gpu_ids must be 'all' or device numbers separated by commas ('0,1'), got {value!r}."
+                )
+        if key == "main_training_function" and not value.isidentifier():
+            raise ValueError(f"{source}: main_training_function must be a function's name, got {value!r}.")
     elif key in _BOOL_KEYS and not isinstance(value, bool):
         raise ValueError(f"{source}: {key} must be true or false, got {value!r}.")
     return value
@@ -152,30 +171,39 @@ def load(path: Path) -> LaunchConfig:
         raise ValueError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}.")
     fields = {field.name for field in dataclasses.fields(LaunchConfig)}
     values: dict[str, Any] = {}
+    theirs: dict[str, Any] = {}
     ignored: list[str] = []
     for key, value in _with_dynamo_section(data, ignored).items():
         if key in fields:
-            values[key] = check_value(key, value, str(path))
-        elif key in NEUTRAL_KEYS:
-            if value not in NEUTRAL_KEYS[key]:
-                ignored.append(f"{key}: {value!r}")
-        elif isinstance(value, dict) and key.endswith("_config"):
-            # Accelerate's deepspeed_config / fsdp_config / megatron_lm_config … sections.
-            ignored.append(
-                f"{key} (choose the strategy in the script: strategy='deepspeed_stage_2', 'fsdp' …)"
-            )
+            values[key] = check_value(key, _accelerate_spelling(key, value), str(path))
+        elif accelerate_file.is_accelerate_key(key, value):
+            theirs[key] = value
         else:
             raise ValueError(
                 f"{path}: unknown setting {key!r}. Known: {', '.join(sorted(fields))} (and Accelerate's "
-                f"{', '.join(sorted(NEUTRAL_KEYS))} at their defaults)."
+                f"{', '.join(sorted(accelerate_file.NEUTRAL_KEYS))} at their defaults, distributed_type, and its "
+                f"*_config sections when empty or off)."
             )
+    ignored += accelerate_file.problems(theirs)
     if ignored:
         # Not honoured here, so not accepted: a run without them would not be the run the file describes.
+        listed = "".join(f"\n  - {problem}" for problem in ignored)
         raise ValueError(
-            f"{path}: drivetrain launch cannot honour {'; '.join(ignored)}. Remove them from the file (the script "
-            f"chooses its strategy and precision options)."
+            f"{path}: drivetrain launch cannot honour:{listed}\nChange or remove "
+            f"{'this setting' if len(ignored) == 1 else 'these settings'} in the file and launch again."
         )
     return LaunchConfig(**values)
+
+
+def _accelerate_spelling(key: str, value: Any) -> Any:
+    """``value`` as drivetrain spells it, where Accelerate writes the same setting otherwise."""
+    if key == "num_processes" and value == -1:
+        return None  # Accelerate's "not set" (a scheduler passes the number)
+    if key == "downcast_bf16" and isinstance(value, str) and value.lower() in ("yes", "no"):
+        return value.lower() == "yes"
+    if key == "gpu_ids" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # YAML reads `gpu_ids: 0` as a number
+    return value
 
 
 def _with_dynamo_section(data: dict[str, Any], ignored: list[str]) -> dict[str, Any]:
@@ -187,11 +215,14 @@ def _with_dynamo_section(data: dict[str, Any], ignored: list[str]) -> dict[str, 
     for key, value in section.items():
         if key in _NEUTRAL_DYNAMO_KEYS:
             if value not in _NEUTRAL_DYNAMO_KEYS[key]:
-                ignored.append(f"dynamo_config.{key}: {value!r}")
+                ignored.append(
+                    f"dynamo_config.{key}: {value!r}: drivetrain compiles whole models; compile repeated blocks "
+                    f"with torch.compile(block) in the model"
+                )
         elif key in ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
             flat.setdefault(key, value)
         else:
-            ignored.append(f"dynamo_config.{key}")
+            ignored.append(f"dynamo_config.{key}: not a torch.compile setting drivetrain knows")
     return flat
 
 

@@ -19,6 +19,7 @@ from drivetrain.data.prepare import (
 )
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder, epoch_seed
+from drivetrain.data.skipping import SkipBatchSampler, SkipDataLoader
 from drivetrain.strategies.rng import RNG_TYPES, validate_rng_types
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "SeedableRandomSampler",
     "ShardedBatchSampler",
     "ShardedDataLoader",
+    "SkipBatchSampler",
+    "SkipDataLoader",
     "WorkerSeeder",
     "batch_length",
     "can_prepare",

@@ -90,19 +90,21 @@ def slice_batch(batch: Any, start: int, stop: int) -> Any:
     return _rebuild(batch, cut)
 
 
-def concatenate_batches(batches: list[Any]) -> Any:
-    """Join batches of the same structure along the batch dimension (tensors and value lists)."""
+def concatenate_batches(batches: list[Any], dim: int = 0) -> Any:
+    """Join batches of the same structure along the batch dimension (tensors along ``dim``, and value lists)."""
     if len(batches) == 1:
         return batches[0]
     leaves = [_leaves(batch) for batch in batches]
-    joined = iter([_join(group) for group in zip(*leaves)])
+    joined = iter([_join(group, dim) for group in zip(*leaves)])
     return _rebuild(batches[0], lambda leaf: next(joined))
 
 
-def _join(group: tuple[Any, ...]) -> Any:
+def _join(group: tuple[Any, ...], dim: int = 0) -> Any:
     first = group[0]
     if isinstance(first, Tensor):
-        return first if first.dim() == 0 else torch.cat(group)  # a 0-d tensor is per batch, not per item
+        return (
+            first if first.dim() == 0 else torch.cat(group, dim=dim)
+        )  # a 0-d tensor is per batch, not per item
     return [item for part in group for item in part]
 
 

@@ -20,7 +20,6 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     RandomSampler,
-    Sampler,
 )
 
 from drivetrain._utilities.seed import worker_seeding_requested
@@ -35,6 +34,7 @@ from drivetrain.data.loader import (
 )
 from drivetrain.data.samplers import ShardedBatchSampler
 from drivetrain.data.seeding import SeedableRandomSampler, WorkerSeeder
+from drivetrain.data.skipping import SkipBatchSampler
 from drivetrain.strategies import rng
 from drivetrain.strategies.strategy import Strategy
 
@@ -355,22 +355,8 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     settings = loader_settings(dataloader)
     settings["generator"] = dataloader.generator
     return DataLoader(
-        dataloader.dataset, batch_sampler=_SkipBatches(dataloader.batch_sampler, num_batches), **settings
+        dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **settings
     )
-
-
-class _SkipBatches(Sampler[list[int]]):
-    def __init__(self, batch_sampler: Any, skip: int) -> None:
-        self.batch_sampler = batch_sampler
-        self.skip = skip
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
-        self.drop_last = getattr(batch_sampler, "drop_last", False)
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.batch_sampler), self.skip, None)
-
-    def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.skip)
 
 
 class _SkippingIterable:

@@ -259,7 +259,8 @@ class Checkpointing(ProcessControl):
             return value
         if value == "on_device":
             return self.strategy.root_device
-        raise ValueError(
+        # A TypeError, as Accelerate raises for it.
+        raise TypeError(
             f"load_state(map_location={value!r}) is not supported; use None (where the tensors were saved from), "
             f"'cpu' or 'on_device' (this process's device)."
         )

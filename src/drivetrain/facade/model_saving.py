@@ -71,9 +71,17 @@ class ModelSaving(ProcessControl):
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """``model``'s state dict as the strategy assembles it (whole, even when sharded), with the
-        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper)."""
+        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper).
+
+        A model whose weights are offloaded to CPU RAM or disk (``dispatch_model``, ``cpu_offload``,
+        ``disk_offload``) gives its weights read in from there, on the CPU.
+        """
+        from drivetrain.big_modeling.dispatch import get_state_dict_offloaded_model, is_offloaded
         from drivetrain.utils.dynamo import uncompiled
 
+        inner = self.strategy.unwrap_module(uncompiled(model))
+        if is_offloaded(inner):
+            return get_state_dict_offloaded_model(inner)
         return self.strategy.get_module_state_dict(uncompiled(model))
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
@@ -151,8 +159,14 @@ def write_model(
     limit = parse_size(max_shard_size, "max_shard_size")
     if limit == 0:
         raise ValueError("max_shard_size=0 leaves no room for a tensor; give a positive size such as '10GB'.")
+    from drivetrain.utils import constants
+
     paths.makedirs(directory)
-    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    single, pattern, index_name = (
+        (constants.SAFE_WEIGHTS_NAME, constants.SAFE_WEIGHTS_PATTERN_NAME, constants.SAFE_WEIGHTS_INDEX_NAME)
+        if safe_serialization
+        else (constants.WEIGHTS_NAME, constants.WEIGHTS_PATTERN_NAME, constants.WEIGHTS_INDEX_NAME)
+    )
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in state_dict.items():
@@ -163,17 +177,17 @@ def write_model(
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_object(shards[0], paths.join(directory, f"{stem}{suffix}"), safe_serialization)
+        save_object(shards[0], paths.join(directory, single), safe_serialization)
         return
     weight_map = {}
     for number, shard in enumerate(shards, start=1):
-        filename = f"{stem}-{number:05d}-of-{len(shards):05d}{suffix}"
+        filename = pattern.format(suffix=f"-{number:05d}-of-{len(shards):05d}")
         save_object(shard, paths.join(directory, filename), safe_serialization)
         weight_map.update(dict.fromkeys(shard, filename))
     total = sum(t.numel() * t.element_size() for t in state_dict.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     text = json.dumps(index, indent=2, sort_keys=True).encode()
-    save_bytes(text, paths.join(directory, f"{stem}{suffix}.index.json"))
+    save_bytes(text, paths.join(directory, index_name))
 
 
 def save_bytes(data: bytes, f: str) -> None:

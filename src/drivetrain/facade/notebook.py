@@ -52,9 +52,13 @@ def notebook_launcher(
         master_addr: where rank 0 is, for several machines each running this launcher.
         node_rank: this machine's place among them.
         num_nodes: how many machines there are.
-        **elastic: Accelerate's elastic options (``rdzv_backend`` …) are accepted at their
-            defaults only (``rdzv_backend="static"``, ``max_restarts=0`` …): other values are not
-            supported.
+        **elastic: Accelerate's elastic options, as it passes them to torch's elastic launcher:
+            ``rdzv_backend`` (``"static"``, ``"c10d"`` …), ``rdzv_endpoint``, ``rdzv_conf``,
+            ``rdzv_id``, ``max_restarts``, ``monitor_interval``, ``log_line_prefix_template``. At
+            their defaults the processes are forked directly (the rendezvous on a port this
+            process holds); any other value runs them under torch's elastic agent
+            (``torch.distributed.launcher.api.elastic_launch``), which restarts them
+            ``max_restarts`` times.
 
     Raises:
         ValueError: a bad setting; the first failing process's error (torch's
@@ -70,12 +74,13 @@ def notebook_launcher(
             f"notebook_launcher(args=...) takes the function's arguments as a tuple, got {type(args).__name__} "
             f"({args!r}). For one argument write args=({args!r},)."
         )
-    asked = [name for name, value in elastic.items() if value not in _NEUTRAL_ELASTIC.get(name, ())]
-    if asked:
-        raise ValueError(
-            f"notebook_launcher({', '.join(f'{name}=...' for name in asked)}) is not supported: drivetrain starts a "
-            f"fixed set of processes. Use drivetrain launch (or torchrun) for elastic jobs."
+    unknown = sorted(set(elastic) - set(_NEUTRAL_ELASTIC))
+    if unknown:
+        raise TypeError(
+            f"notebook_launcher() got unexpected arguments {unknown}; its elastic options are "
+            f"{', '.join(_NEUTRAL_ELASTIC)}."
         )
+    asked = {name: value for name, value in elastic.items() if value not in _NEUTRAL_ELASTIC[name]}
     if mixed_precision not in _MIXED_PRECISION:
         raise ValueError(
             f"mixed_precision={mixed_precision!r} is not supported; use one of {', '.join(map(repr, _MIXED_PRECISION))}."
@@ -94,6 +99,11 @@ def notebook_launcher(
         variables = {} if mixed_precision == "no" else {"ACCELERATE_MIXED_PRECISION": mixed_precision}
         with patch_environment(**variables):
             function(*args)
+        return
+    if asked:
+        _elastic_launch(
+            function, args, processes, num_nodes, node_rank, master_addr, use_port, mixed_precision, elastic
+        )
         return
     if use_port is None and num_nodes > 1:
         raise ValueError("Several machines need a rendezvous port they agree on: pass use_port=...")
@@ -138,6 +148,50 @@ def notebook_launcher(
         start_method="fork",
     )
     del store  # hosted until every process here has ended
+
+
+def _elastic_launch(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    processes: int,
+    num_nodes: int,
+    node_rank: int,
+    master_addr: str,
+    use_port: str | int | None,
+    mixed_precision: str,
+    elastic: dict[str, Any],
+) -> None:
+    """Check Accelerate's elastic options and run the processes under torch's elastic agent."""
+    from drivetrain.strategies.launchers.elastic_function import run_elastic
+
+    settings = {name: elastic.get(name, defaults[0]) for name, defaults in _NEUTRAL_ELASTIC.items()}
+    restarts = settings["max_restarts"]
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {restarts!r}.")
+    interval = settings["monitor_interval"]
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise ValueError(f"monitor_interval must be a positive number of seconds, got {interval!r}.")
+    endpoint = settings["rdzv_endpoint"]
+    if not endpoint:
+        if use_port is None and num_nodes > 1:
+            raise ValueError("Several machines need a rendezvous port they agree on: pass use_port=...")
+        # One machine without a port: the rendezvous store takes a free one (port 0), as torchrun --standalone.
+        endpoint = f"{master_addr}:{_port(use_port)}"
+    with patch_environment(ACCELERATE_MIXED_PRECISION=mixed_precision):
+        run_elastic(
+            function,
+            args,
+            nproc_per_node=processes,
+            num_nodes=num_nodes,
+            node_rank=node_rank,
+            rdzv_backend=str(settings["rdzv_backend"]),
+            rdzv_endpoint=endpoint,
+            rdzv_configs=dict(settings["rdzv_conf"] or {}),
+            rdzv_id=str(settings["rdzv_id"]),
+            max_restarts=restarts,
+            monitor_interval=float(interval),
+            log_line_prefix_template=settings["log_line_prefix_template"],
+        )
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2) -> None:

@@ -203,7 +203,7 @@ class ProcessControl:
         return collectives.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
-        """Context manager giving this process its share of a list, tuple, tensor or dict of them."""
+        """Context manager giving this process its share of a list, tuple, tensor, ``datasets.Dataset`` or dict of them."""
         self._require_processes("split_between_processes")
         return collectives.split_between_processes(self.strategy, inputs, apply_padding)
 

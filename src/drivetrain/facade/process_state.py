@@ -225,6 +225,35 @@ class PartialState:
         )
 
 
+class DeepSpeedSettings:
+    """What a DeepSpeed run's strategy was given, under Accelerate's ``DeepSpeedPlugin`` attribute names."""
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config (``"auto"`` values are filled when the model is prepared)."""
+        config: dict[str, Any] = self._strategy.config
+        return config
+
+    @property
+    def zero_stage(self) -> int:
+        stage: int = self._strategy.stage
+        return stage
+
+    @property
+    def gradient_accumulation_steps(self) -> Any:
+        return self.deepspeed_config.get("gradient_accumulation_steps", "auto")
+
+    @property
+    def gradient_clipping(self) -> Any:
+        return self.deepspeed_config.get("gradient_clipping", "auto")
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedSettings(zero_stage={self.zero_stage}, deepspeed_config={self.deepspeed_config})"
+
+
 class AcceleratorState(PartialState):
     """:class:`PartialState` plus what the Accelerator adds: its precision.
 
@@ -242,6 +271,20 @@ class AcceleratorState(PartialState):
     def dynamo_plugin(self) -> TorchDynamoPlugin:
         """How ``prepare`` compiles models (backend ``NO``: it does not)."""
         return self._owner.dynamo_plugin
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedSettings | None:
+        """The DeepSpeed settings of a DeepSpeed run (its ``deepspeed_config``, ``zero_stage``); ``None`` otherwise.
+
+        Accelerate's scripts test ``state.deepspeed_plugin is not None`` to take DeepSpeed's paths. In
+        drivetrain DeepSpeed is chosen by the strategy (``strategy="deepspeed_stage_2"``), so this is a
+        read-only view of that strategy's settings, not a plugin to configure.
+        """
+        from drivetrain.utils.configuration import DistributedType
+
+        if distributed_type_of(self._owner.strategy, self._owner.device) != DistributedType.DEEPSPEED:
+            return None
+        return DeepSpeedSettings(self._owner.strategy)
 
     def __repr__(self) -> str:
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"

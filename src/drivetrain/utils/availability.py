@@ -7,6 +7,8 @@ HPUs, Ascend NPUs, …) is never available here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from drivetrain._utilities.imports import package_available
 
 
@@ -98,3 +100,83 @@ def is_mlflow_available() -> bool:
 
 def is_rich_available() -> bool:
     return package_available("rich")
+
+
+def is_mlu_available(check_device: bool = False) -> bool:
+    """Cambricon MLUs: drivetrain has no plugin for them, so never."""
+    return False
+
+
+def is_musa_available(check_device: bool = False) -> bool:
+    """Moore Threads GPUs: drivetrain has no plugin for them, so never."""
+    return False
+
+
+def is_sdaa_available(check_device: bool = False) -> bool:
+    """Tecorigin SDAAs: drivetrain has no plugin for them, so never."""
+    return False
+
+
+def is_neuron_available(check_device: bool = False) -> bool:
+    """AWS Neuron cores: drivetrain has no plugin for them, so never."""
+    return False
+
+
+def is_rocm_available() -> bool:
+    """Whether torch is a ROCm build with an AMD GPU usable (through the CUDA accelerator)."""
+    import torch
+
+    return torch.version.hip is not None and is_cuda_available()
+
+
+def is_weights_only_available() -> bool:
+    """Whether ``torch.load(weights_only=True)`` exists (every torch drivetrain supports has it)."""
+    return True
+
+
+def is_fp8_available() -> bool:
+    """Whether ``mixed_precision="fp8"`` can run here: drivetrain's FP8 goes through torchao."""
+    return package_available("torchao")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """Whether torchdata's ``StatefulDataLoader`` (torchdata >= 0.8) is installed."""
+    if not package_available("torchdata"):
+        return False
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("torchdata").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (0, 8)
+
+
+def _installed(package: str, doc: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return package_available(package)
+
+    check.__doc__ = doc
+    return check
+
+
+# Accelerate's helpers that only ask whether a package is installed (found without importing it).
+is_schedulefree_available = _installed("schedulefree", "Whether the schedulefree optimizers are installed.")
+is_comet_ml_available = _installed("comet_ml", "Whether comet_ml is installed.")
+is_aim_available = _installed("aim", "Whether Aim is installed.")
+is_clearml_available = _installed("clearml", "Whether ClearML is installed.")
+is_dvclive_available = _installed("dvclive", "Whether DVCLive is installed.")
+is_swanlab_available = _installed("swanlab", "Whether SwanLab is installed.")
+is_trackio_available = _installed("trackio", "Whether trackio is installed.")
+is_boto3_available = _installed("boto3", "Whether boto3 is installed.")
+is_pandas_available = _installed("pandas", "Whether pandas is installed.")
+is_matplotlib_available = _installed("matplotlib", "Whether matplotlib is installed.")
+is_peft_available = _installed("peft", "Whether PEFT is installed.")
+is_timm_available = _installed("timm", "Whether timm is installed.")
+is_torchvision_available = _installed("torchvision", "Whether torchvision is installed.")
+is_torchdata_available = _installed("torchdata", "Whether torchdata is installed.")
+is_torchao_available = _installed("torchao", "Whether torchao is installed.")
+is_triton_available = _installed("triton", "Whether Triton is installed.")
+is_bnb_available = _installed("bitsandbytes", "Whether bitsandbytes is installed.")
+is_pynvml_available = _installed("pynvml", "Whether pynvml is installed.")
+is_lomo_available = _installed("lomo_optim", "Whether the LOMO optimizers are installed.")

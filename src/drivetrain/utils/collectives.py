@@ -10,6 +10,7 @@ Accelerator's.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -220,10 +221,12 @@ def pad_across_processes(
 
 @contextmanager
 def split_between_processes(strategy: Strategy, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-    """This process's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them).
+    """This process's contiguous share of ``inputs`` (a list, tuple, tensor, Hugging Face
+    ``datasets.Dataset``, or dict of them).
 
     The first ``len % num_processes`` processes get one item more; with ``apply_padding`` the
-    others repeat their last item so every share has the same length.
+    others repeat their last item so every share has the same length. A ``datasets.Dataset``
+    share is ``dataset.select(indices)``, a ``Dataset`` too.
     """
     n, rank = strategy.world_size, strategy.global_rank
     if n == 1:
@@ -241,13 +244,21 @@ def split_between_processes(strategy: Strategy, inputs: Any, apply_padding: bool
     yield _share(inputs, n, rank, apply_padding)
 
 
+def _is_hf_dataset(value: Any) -> bool:
+    # Only a program that imported `datasets` can hold one: never imported here for the check.
+    datasets = sys.modules.get("datasets")
+    dataset_class = getattr(datasets, "Dataset", None)
+    return isinstance(dataset_class, type) and isinstance(value, dataset_class)
+
+
 def _length(value: Any) -> int:
     if isinstance(value, Tensor):
         return value.shape[0] if value.dim() else 1
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) or _is_hf_dataset(value):
         return len(value)
     raise TypeError(
-        f"split_between_processes splits lists, tuples, tensors and dicts of them, got {type(value).__name__}."
+        f"split_between_processes splits lists, tuples, tensors, datasets.Dataset and dicts of them, got "
+        f"{type(value).__name__}."
     )
 
 
@@ -256,6 +267,11 @@ def _share(value: Any, n: int, rank: int, apply_padding: bool) -> Any:
     base, extra = divmod(length, n)
     start = rank * base + min(rank, extra)
     stop = start + base + (1 if rank < extra else 0)
+    if _is_hf_dataset(value):
+        indices = list(range(start, stop))
+        if apply_padding and extra and rank >= extra and length:
+            indices.append(stop - 1 if stop > start else length - 1)
+        return value.select(indices)
     share = value[start:stop]
     if not apply_padding or not extra or rank < extra or length == 0:
         return share

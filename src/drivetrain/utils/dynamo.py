@@ -123,18 +123,22 @@ class TorchDynamoPlugin(KwargsHandler):
         return self.backend not in (None, DynamoBackend.NO) and not self.disable
 
     def to_kwargs(self) -> dict[str, Any]:
-        """``torch.compile``'s keyword arguments for these settings (unset ones are left to torch).
+        """``torch.compile``'s keyword arguments for the settings that differ from torch's defaults.
 
-        Meaningful when :attr:`compiles`; an unset backend reads ``"no"``.
+        As Accelerate's: unset values (``None``), ``fullgraph=False``, ``mode="default"`` and the
+        ``"no"`` backend are left out, so ``torch.compile(model, **plugin.to_kwargs())`` passes only
+        what was asked for.
         """
-        backend = self.backend if self.backend is not None else DynamoBackend.NO
-        kwargs: dict[str, Any] = {
-            "backend": backend.value.lower() if isinstance(backend, DynamoBackend) else backend,
-            "fullgraph": bool(self.fullgraph),
-            "dynamic": self.dynamic,
-        }
+        kwargs: dict[str, Any] = {}
+        backend = self.backend
+        if backend is not None and backend != DynamoBackend.NO:
+            kwargs["backend"] = backend.value.lower() if isinstance(backend, DynamoBackend) else backend
         if self.mode not in (None, "default"):
             kwargs["mode"] = self.mode
+        if self.fullgraph:
+            kwargs["fullgraph"] = True
+        if self.dynamic is not None:
+            kwargs["dynamic"] = self.dynamic
         if self.options:
             kwargs["options"] = dict(self.options)
         return kwargs

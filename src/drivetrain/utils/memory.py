@@ -1,9 +1,10 @@
 """Memory helpers from ``accelerate.utils``: ``release_memory``, ``find_executable_batch_size``.
 
 ``find_executable_batch_size`` is the one batch-size search of the project: it retries a
-function with a halved batch size (or your reduction) while the device runs out of memory.
-:func:`search_batch_size` (the Trainer's ``Tuner.scale_batch_size`` and ``BatchSizeFinder``) starts
-with it and then grows the batch while it fits, with the same out-of-memory detection.
+function with a smaller batch size (90 % of the last, as Accelerate 1.x, or your reduction)
+while the device runs out of memory. :func:`search_batch_size` (the Trainer's
+``Tuner.scale_batch_size`` and ``BatchSizeFinder``) starts with it, halving as Lightning's tuner
+does, and then grows the batch while it fits, with the same out-of-memory detection.
 """
 
 from __future__ import annotations
@@ -61,12 +62,34 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     )
 
 
+def _reduction(
+    reduce_batch_size_fn: Callable[..., int] | None, current: Callable[[], int]
+) -> Callable[[], int]:
+    """The next batch size after an out-of-memory error, as a function of nothing.
+
+    Accelerate's ``reduce_batch_size_fn`` takes no arguments (it keeps the size itself); one that
+    takes an argument is given the size that did not fit.
+    """
+    if reduce_batch_size_fn is None:
+        return lambda: int(current() * 0.9)
+    try:
+        parameters = inspect.signature(reduce_batch_size_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it as Accelerate does
+        return reduce_batch_size_fn
+    takes_size = any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
+    )
+    if takes_size:
+        return lambda: reduce_batch_size_fn(current())
+    return reduce_batch_size_fn
+
+
 def find_executable_batch_size(
     function: F | None = None,
     starting_batch_size: int = 128,
-    reduce_batch_size_fn: Callable[[int], int] | None = None,
+    reduce_batch_size_fn: Callable[..., int] | None = None,
 ) -> Any:
-    """Decorator: call ``function(batch_size, ...)``, halving ``batch_size`` after each out-of-memory error.
+    """Decorator: call ``function(batch_size, ...)``, with a smaller ``batch_size`` after each out-of-memory error.
 
     The decorated function takes the batch size as its first argument and is called without it::
 
@@ -76,14 +99,20 @@ def find_executable_batch_size(
 
         train(model)
 
+    As in Accelerate 1.x, the batch size after a failure is ``int(0.9 * batch_size)`` unless
+    ``reduce_batch_size_fn`` says otherwise, and the size that worked is kept: a second call of
+    ``train`` starts from it.
+
     Args:
         function: the function (when used as ``@find_executable_batch_size`` without arguments).
         starting_batch_size: the first batch size tried.
-        reduce_batch_size_fn: the next batch size after a failure (default: half).
+        reduce_batch_size_fn: returns the next batch size after a failure. Accelerate's form takes no
+            arguments; one that takes an argument is given the batch size that did not fit
+            (``lambda size: size // 2`` halves).
 
     Raises:
         TypeError: the decorated function is called with a batch size of its own.
-        RuntimeError: no batch size down to 1 fits ("No executable batch size found").
+        RuntimeError: no batch size down to 1 fits ("No executable batch size found, reached zero").
     """
     if (
         isinstance(starting_batch_size, bool)
@@ -91,16 +120,22 @@ def find_executable_batch_size(
         or starting_batch_size < 1
     ):
         raise ValueError(f"starting_batch_size must be an int >= 1, got {starting_batch_size!r}.")
+    if reduce_batch_size_fn is not None and not callable(reduce_batch_size_fn):
+        raise TypeError(
+            f"reduce_batch_size_fn must be a function returning the next batch size, got {reduce_batch_size_fn!r}."
+        )
     if function is None:
         return functools.partial(
             find_executable_batch_size,
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    reduce = reduce_batch_size_fn if reduce_batch_size_fn is not None else (lambda size: size // 2)
+    batch_size = starting_batch_size
+    reduce = _reduction(reduce_batch_size_fn, lambda: batch_size)
 
     @functools.wraps(function)
     def search(*args: Any, **kwargs: Any) -> Any:
+        nonlocal batch_size
         parameters = list(inspect.signature(function).parameters)
         if len(parameters) < len(args) + 1:
             raise TypeError(
@@ -108,11 +143,10 @@ def find_executable_batch_size(
                 f"but was called with {len(args)} positional argument(s) for its {len(parameters)} parameter(s) "
                 f"({', '.join(parameters)}). Leave the batch size out of the call."
             )
-        batch_size = starting_batch_size
         while True:
             if batch_size < 1:
                 raise RuntimeError(
-                    "No executable batch size found, reached zero: even a batch of 1 ran out of memory."
+                    "No executable batch size found, reached zero: even the smallest batch tried ran out of memory."
                 )
             try:
                 return function(batch_size, *args, **kwargs)
@@ -121,7 +155,12 @@ def find_executable_batch_size(
                     raise
                 del error
                 release_memory()
-                batch_size = reduce(batch_size)
+                smaller = reduce()
+                if isinstance(smaller, bool) or not isinstance(smaller, int):
+                    raise TypeError(
+                        f"reduce_batch_size_fn returned {smaller!r}; it must return the next batch size as an int."
+                    ) from None
+                batch_size = smaller
 
     return search
 
@@ -138,7 +177,7 @@ def search_batch_size(
 
     The batch-size search of the Trainer's tuner, built on :func:`find_executable_batch_size`: from
     ``init_val`` the batch is halved after each out-of-memory error until one fits (that decorator's
-    loop); from there it doubles while trials fit. ``mode="power"`` stops at the last power-of-two
+    loop, with halving as the reduction); from there it doubles while trials fit. ``mode="power"`` stops at the last power-of-two
     multiple that fitted; ``"binsearch"`` then bisects between it and the first size that did not.
 
     Args:
@@ -180,7 +219,10 @@ def search_batch_size(
         return True
 
     start = min(init_val, max_val) if max_val is not None else init_val
-    low: int = find_executable_batch_size(run, starting_batch_size=start)()
+    # Halve, as Lightning's tuner does (the decorator's own default takes 90 %).
+    low: int = find_executable_batch_size(
+        run, starting_batch_size=start, reduce_batch_size_fn=lambda size: size // 2
+    )()
     high: int | None = None
     while trials < max_trials and (max_val is None or low < max_val):
         candidate = low * 2 if max_val is None else min(low * 2, max_val)
