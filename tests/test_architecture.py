@@ -1,6 +1,6 @@
 """House rules checked mechanically: imports flow one way, and `import drivetrain` stays lazy.
 
-The layers of DESIGN.md, lowest first. A module may import from its own package and from lower
+The layers of docs/architecture.md, lowest first. A module may import from its own package and from lower
 layers only; packages that share a layer are independent of each other (the two front doors do
 not use each other, nor do the data layer and the loggers). Every import counts: at module level,
 inside functions, under ``TYPE_CHECKING``, and the module names given to ``importlib`` as strings
@@ -282,3 +282,22 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path:
     assert _import_cycles(package) == [
         ["drivetrain.strategies.step_policy", "drivetrain.strategies.strategy"]
     ]
+
+
+def test_the_repository_cites_nothing_outside_itself() -> None:
+    """The architecture and the house rules live in the repository (docs/architecture.md, CONTRIBUTING.md):
+    no tracked file points at design notes or machines outside it."""
+    root = SOURCE.parents[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    outside = re.compile(r"\b(DESIGN|STYLE|MACHINE-NOTES)\.md\b|/work/shared|\.\./shared/")
+    found = [
+        f"{name}:{number}"
+        for name in tracked.split()
+        if name.endswith((".py", ".md", ".toml", ".yml", ".yaml", ".cfg", ".txt", ".sh"))
+        or name.startswith("scripts/")
+        if (root / name).is_file()
+        for number, line in enumerate((root / name).read_text(errors="replace").splitlines(), 1)
+        if outside.search(line) and name != "tests/test_architecture.py"
+    ]
+    assert found == [], f"files citing documents outside the repository: {found}"
+    assert (root / "docs" / "architecture.md").is_file() and (root / "CONTRIBUTING.md").is_file()

@@ -3,7 +3,7 @@
     python training_cli_script.py fit --trainer.accelerator=xpu --trainer.devices=2 ...
 
 The accelerator computes on the CPU (there is no xpulib here); registering "xpu" replaces the
-built-in Intel XPU accelerator, with a warning, as DESIGN.md specifies.
+built-in Intel XPU accelerator, with a warning, as docs/extending.md specifies.
 """
 
 from __future__ import annotations
