@@ -263,7 +263,9 @@ class ParallelStrategy(Strategy):
     def setup_environment(self) -> None:
         launcher_pid = self.cluster_environment.launcher_pid
         if launcher_pid is not None:
-            die_with_parent(launcher_pid)  # torchrun killed with -9 must not leave this rank training on
+            die_with_parent(
+                launcher_pid, self.global_rank
+            )  # torchrun killed with -9 must not leave this rank training on
         super().setup_environment()
         self.setup_process_group()
 
