@@ -155,6 +155,35 @@ def test_manual_save_state_replaces_a_state_atomically(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "manual") == ["state.ckpt"]
 
 
+def test_load_state_of_a_folder_a_killed_save_left_loads_the_newest_complete_state_beside_it(
+    tmp_path: Path,
+) -> None:
+    """save_state(dir) creates ``dir`` before its state is complete: a kill leaves a folder a resume picks."""
+    accelerator, model, optimizer = _accelerator(tmp_path)
+    accelerator.save_state(tmp_path / "runs" / "step_2")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _step(model, optimizer, accelerator)
+    accelerator.save_state(tmp_path / "elsewhere" / "step_3")  # another folder: not a candidate
+    killed = tmp_path / "runs" / "step_4"  # as a kill in the middle of its write leaves it
+    killed.mkdir()
+    (killed / ".state.ckpt.drivetrain-partial-0123456789ab").write_bytes(b"PK\x03\x04 half a state")
+
+    resumed, model, _ = _accelerator(tmp_path)
+    with pytest.warns(
+        UserWarning, match=r"load_state\('.*step_4'\): that folder holds no complete state; a "
+    ):
+        loaded = resumed.load_state(killed)
+    assert loaded == str(tmp_path / "runs" / "step_2")
+    for key, value in saved.items():
+        assert torch.equal(model.state_dict()[key], value)
+
+    (tmp_path / "alone").mkdir()
+    with pytest.raises(
+        FileNotFoundError, match=r"a save_state into it was interrupted .* no folder beside it"
+    ):
+        resumed.load_state(tmp_path / "alone")
+
+
 # -- folders written by every rank ----------------------------------------------------------------
 def _folders_rank(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     from drivetrain.strategies.checkpoint_folders import CheckpointWriteError, staged_folder

@@ -211,14 +211,16 @@ class Progress:
 def accelerator_program(
     kind: str, folder: str, kill_at: int | None, resume: bool, devices: int = 1, sweep: Any = None
 ) -> dict[str, Any]:
-    """A loop with ``save_state`` every EVERY steps, to one folder (``manual``) or automatic ones."""
+    """A loop with ``save_state`` every EVERY steps: to one folder (``manual``), a folder per save
+    (``folders``: ``step_<N>``, resumed from the newest folder as Accelerate's examples do) or
+    automatic ones."""
     _quiet()
     if devices > 1 and dist.get_rank() != 0:
         kill_at = None  # the kill switch counts (and kills) on rank 0 only
     if not resume:
         kill_points.install(kill_at, folder, sweep)
     root = Path(folder)
-    automatic = kind != "manual"
+    automatic = kind == "automatic"
     if devices > 1:
         from helpers.sharded import LR, Net, batches, shard
 
@@ -253,13 +255,20 @@ def accelerator_program(
         return {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
 
     def save() -> None:
-        accelerator.save_state(None if automatic else root / "manual")
+        accelerator.save_state(
+            None if automatic else root / f"step_{progress.step}" if kind == "folders" else root / "manual"
+        )
+
+    def newest_folder() -> Path:  # Accelerate's examples: the folder made last
+        return max((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_ctime)
 
     start = None
     if resume:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            accelerator.load_state(None if automatic else root / "manual")
+            accelerator.load_state(
+                None if automatic else newest_folder() if kind == "folders" else root / "manual"
+            )
         start = (progress.step, weights())
         if devices > 1:
             loader = loader[progress.step :]  # the sharded program's batches are a plain list
@@ -535,6 +544,9 @@ SAVE_PATHS = [
     SavePath("top_k_last_fork", "top-k + last, async (fork)", trainer_program, "top_k_last@fork"),
     SavePath("save_state_manual", "Accelerator.save_state manual", accelerator_program, "manual"),
     SavePath("save_state_automatic", "Accelerator.save_state automatic", accelerator_program, "automatic"),
+    SavePath(
+        "save_state_folders", "Accelerator.save_state, a folder per save", accelerator_program, "folders"
+    ),
     SavePath("fsdp", "FSDP sharded (2 ranks, Trainer last)", trainer_program, "last", devices=2),
     SavePath("fsdp_top_k_last", "FSDP sharded (2 ranks, top-k + last)", trainer_program, "top_k_last", 2),
     SavePath(

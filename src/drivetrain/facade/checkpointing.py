@@ -141,6 +141,10 @@ class Checkpointing(ProcessControl):
         :meth:`save_state`): every process then restores its own generators and loader
         positions from it, and the shared state from the main process's directory.
 
+        A folder that a killed :meth:`save_state` left without its state (what a "load the
+        newest folder" resume finds after a crash) is passed over, with a warning, for the newest
+        folder beside it that holds a complete state.
+
         Returns:
             The directory loaded.
         """
@@ -154,10 +158,19 @@ class Checkpointing(ProcessControl):
         config = self.project_configuration
         directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
         located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
+        if not located.per_process and resolve(located.shared) is None:
+            directory = self._instead_of_interrupted(directory)
+            located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
         if resolve(located.shared) is None:
             where = f"'{paths.parent(located.shared)}'" + (
                 " (the main process's directory)" if located.per_process else ""
             )
+            if _interrupted(directory):
+                raise FileNotFoundError(
+                    f"No complete training state in {where}: a save_state into it was interrupted (the process "
+                    f"was killed while saving), and no folder beside it holds a complete state. Load an earlier "
+                    f"state, or start afresh."
+                )
             raise FileNotFoundError(
                 f"No drivetrain training state in {where} (expected '{STATE_FILE}' inside, written by "
                 f"Accelerator.save_state). Pass the directory save_state wrote."
@@ -183,6 +196,30 @@ class Checkpointing(ProcessControl):
         if config.automatic_checkpoint_naming:
             config.iteration = int(loaded.entries["iteration"]) + 1
         return str(directory)
+
+    def _instead_of_interrupted(self, directory: str) -> str:
+        """For a folder a killed ``save_state`` left without its state: the newest complete state beside it.
+
+        ``save_state(dir)`` creates ``dir`` before its state is complete, so a kill leaves a folder
+        that a "load the newest folder" resume picks. Such a folder (empty, or holding only the
+        temporary files of the interrupted write) is passed over with a warning for the newest
+        folder beside it that holds a complete state. The main process decides; every process
+        follows.
+        """
+        found = _newest_complete_sibling(directory) if self.is_main_process else None
+        if self.strategy.world_size > 1:
+            found = self.strategy.broadcast(found)
+        if found is None:
+            return directory
+        if self.is_main_process:
+            warnings.warn(
+                f"load_state('{directory}'): that folder holds no complete state; a save_state into it was "
+                f"interrupted (the process was killed while saving). Loading the newest complete state beside it "
+                f"instead: '{found}'.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return found
 
     def _refuse_unprepared_optimizers(self) -> None:
         """An optimizer that steps a prepared model but was never prepared would be left out silently.
@@ -379,6 +416,32 @@ def _existing(root: str) -> list[tuple[int, str]]:
         if (m := _CHECKPOINT_DIR.match(name))
     ]
     return sorted(found)
+
+
+def _newest_complete_sibling(directory: str) -> str | None:
+    """The newest folder beside ``directory`` with a complete state, if ``directory`` is what a killed save left."""
+    from drivetrain.plugins.io.atomic import is_temporary, resolve
+
+    if not _interrupted(directory):
+        return None  # the caller says what is wrong
+    parent = paths.parent(directory)
+    found = [
+        (paths.modified(state), folder)
+        for name in paths.listdir(parent)
+        if not is_temporary(name)
+        and (folder := paths.join(parent, name)) != directory
+        and paths.isdir(folder)
+        and _holds_complete_state(folder)
+        and (state := resolve(paths.join(folder, STATE_FILE))) is not None
+    ]
+    return max(found)[1] if found else None
+
+
+def _interrupted(directory: str) -> bool:
+    """Whether ``directory`` is a folder a killed save left: nothing in it but temporary files (or nothing)."""
+    from drivetrain.plugins.io.atomic import is_temporary
+
+    return paths.isdir(directory) and all(is_temporary(name) for name in paths.listdir(directory))
 
 
 def _holds_complete_state(directory: str) -> bool:
