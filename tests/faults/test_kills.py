@@ -127,7 +127,7 @@ def test_ranks_exit_when_torchrun_is_killed_while_they_start(launch: Callable[..
             os.kill(pid, signal.SIGKILL)
         assert not survivors, f"ranks {survivors} outlived torchrun, killed while they started"
         _, _, err = job.wait(timeout=30)  # the ranks wrote to torchrun's stderr, which they inherited
-        said = re.findall(r"the launcher.* is gone; rank (\d) \(pid (\d+)\) stops too", err)
+        said = re.findall(r"the launcher is gone \(.*?\); rank (\d) \(pid (\d+)\) stops too", err)
         assert sorted(int(rank) for rank, _ in said) == [0, 1], err
         assert {int(pid) for _, pid in said} == set(ranks), err
         worst, passes = max(worst, seconds), passes + 1
