@@ -7,6 +7,9 @@ variants of the same scenarios are in ``test_kill_during_save.py``.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import drivetrain as dt
 from drivetrain.plugins.io import TorchCheckpointIO
 from drivetrain.trainer import Callback, ModelCheckpoint
 from drivetrain.utils import ProjectConfiguration
+from helpers.scripts import run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -182,6 +186,35 @@ def test_load_state_of_a_folder_a_killed_save_left_loads_the_newest_complete_sta
         FileNotFoundError, match=r"a save_state into it was interrupted .* no folder beside it"
     ):
         resumed.load_state(tmp_path / "alone")
+
+
+def _can_mount_a_small_disk() -> bool:
+    try:
+        done = subprocess.run(
+            ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_a_small_disk(), reason="needs unshare with user and mount namespaces")
+def test_a_full_disk_is_named_with_the_space_needed_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
+    """A real full disk (a 1 MB tmpfs, mounted in a private namespace): torch only says ``unexpected pos``."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    script = Path(__file__).parent / "scripts" / "full_disk_fit.py"
+    command = f"mount -t tmpfs -o size=1m tmpfs '{folder}' && exec '{sys.executable}' '{script}' '{folder}'"
+    done = run_command(["unshare", "-Urm", "sh", "-c", command], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"OSError: \[Errno 28\] No space left on device writing the checkpoint '.*step=4\.ckpt': it needs "
+        r"\d+\.\d kB and '.*disk' has \d+\.\d kB free\. The previous checkpoint under that name",
+        done.stdout,
+    ), done.stdout + done.stderr
+    assert "kept ['epoch=0-step=2.ckpt'] at step 2" in done.stdout, done.stdout
 
 
 # -- folders written by every rank ----------------------------------------------------------------

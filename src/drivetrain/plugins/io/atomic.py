@@ -25,6 +25,7 @@ there, and pruning deletes the marker first.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from drivetrain._utilities import paths
+from drivetrain._utilities.sizes import format_size
 from drivetrain.plugins.io.write_behind import write_behind
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.drivetrain-(?P<kind>partial|old|deleted)-(?P<token>[0-9a-f]{12})$")
@@ -229,11 +231,71 @@ def write_file(
             if verify is not None:
                 verify(tmp)
             publish_file(tmp, target)
-        except BaseException:
+        except BaseException as error:
             tmp.unlink(missing_ok=True)
+            _release(lock)  # the space of the removed file is freed once nothing holds it open
+            lock = None
+            full = _disk_full(target, write, error) if isinstance(error, Exception) else None
+            if full is not None:
+                raise full from error
             raise
         finally:
             _release(lock)
+
+
+class _Counter:
+    """A file that keeps nothing and counts the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: Any) -> int:
+        size = len(memoryview(data).cast("B"))
+        self.written += size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+def _disk_full(target: Path, write: Callable[[IO[bytes]], object], error: Exception) -> OSError | None:
+    """The error to raise instead of ``error`` when a write failed because the disk is full (else ``None``).
+
+    torch's archive writer reports a full disk as ``unexpected pos``; either way the user needs to
+    hear that the disk is full and how much the file needs, which a second, discarded
+    serialisation measures (only on this failure path).
+    """
+    codes = {getattr(e, "errno", None) for e in _chain(error)}
+    if not codes & {errno.ENOSPC, errno.EDQUOT} and "unexpected pos" not in str(error):
+        return None
+    try:
+        free = shutil.disk_usage(target.parent).free
+        counter = _Counter()
+        write(counter)  # type: ignore[arg-type]
+    except Exception:
+        return None
+    needed = counter.written
+    if errno.EDQUOT in codes:
+        why = f"Disk quota exceeded writing the checkpoint '{target}'"
+    elif errno.ENOSPC in codes or needed > free:
+        why = f"No space left on device writing the checkpoint '{target}'"
+    else:
+        return None
+    return OSError(
+        errno.EDQUOT if errno.EDQUOT in codes else errno.ENOSPC,
+        f"{why}: it needs {format_size(needed)} and '{target.parent}' has {format_size(free)} free. The "
+        f"previous checkpoint under that name, if any, is untouched. Free some space (older checkpoints: "
+        f"ModelCheckpoint(save_top_k=...), ProjectConfiguration(total_limit=...)) or save to another disk.",
+    )
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def _write_remote_file(
