@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ import drivetrain as dt
 from drivetrain.plugins.io import TorchCheckpointIO
 from drivetrain.trainer import Callback, ModelCheckpoint
 from drivetrain.utils import ProjectConfiguration
-from helpers.scripts import run_command
+from helpers.scripts import clean_env, run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -215,6 +219,63 @@ def test_a_full_disk_is_named_with_the_space_needed_and_the_previous_checkpoint_
         done.stdout,
     ), done.stdout + done.stderr
     assert "kept ['epoch=0-step=2.ckpt'] at step 2" in done.stdout, done.stdout
+
+
+# -- two runs saving automatic checkpoints into one project folder ----------------------------------
+@contextmanager
+def _paused_save(project: Path, gates: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process's save_state() into ``project``, held in the middle of writing ``checkpoint_0``."""
+    gates.mkdir()
+    script = Path(__file__).parent / "scripts" / "paused_save_state.py"
+    other = subprocess.Popen(
+        [sys.executable, str(script), str(project), str(gates)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(OMP_NUM_THREADS="1"),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (gates / "writing").exists():
+            assert other.poll() is None and time.monotonic() < deadline, other.communicate()
+            time.sleep(0.02)
+        yield other
+    finally:
+        (gates / "go").write_text("")
+        try:
+            other.communicate(timeout=60)
+        finally:
+            other.kill()
+
+
+def test_pruning_leaves_alone_a_checkpoint_another_run_is_writing(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    with _paused_save(project, tmp_path / "gates") as other:
+        config = ProjectConfiguration(
+            project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1, iteration=5
+        )
+        accelerator = dt.Accelerator(cpu=True, project_config=config)
+        model = accelerator.prepare(nn.Linear(4, 1))
+        accelerator.save_state()  # total_limit=1: prunes what it finds complete or abandoned
+        (tmp_path / "gates" / "go").write_text("")
+        out, err = other.communicate(timeout=60)
+    assert out.strip() == f"saved {project / 'checkpoints' / 'checkpoint_0'}", out + err
+    # (Its own total_limit=1 then removed checkpoint_5, as Accelerate's does: one folder, one limit.)
+    assert os.listdir(project / "checkpoints" / "checkpoint_0") == ["state.ckpt"]
+    assert model is not None
+
+
+def test_a_save_whose_folder_is_removed_meanwhile_says_so(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    with _paused_save(project, tmp_path / "gates") as other:
+        shutil.rmtree(project / "checkpoints" / "checkpoint_0")  # as another run's pruning, or a clean-up
+        (tmp_path / "gates" / "go").write_text("")
+        out, err = other.communicate(timeout=60)
+    assert re.fullmatch(
+        r"FileNotFoundError: save_state: the folder '.*checkpoint_0' was removed while this process was writing "
+        r"its state into it, so nothing was saved\. Another process .* Give each run its own project_dir .*",
+        out.strip(),
+    ), out + err
 
 
 # -- folders written by every rank ----------------------------------------------------------------

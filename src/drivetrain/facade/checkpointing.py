@@ -112,7 +112,17 @@ class Checkpointing(ProcessControl):
         entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
         entries["accumulation_step"] = self.gradient_state.step
         entries["iteration"] = config.iteration
-        write_checkpoint(strategy, paths.join(directory, STATE_FILE), entries)
+        try:
+            write_checkpoint(strategy, paths.join(directory, STATE_FILE), entries)
+        except FileNotFoundError as error:
+            if paths.isdir(directory):
+                raise
+            raise FileNotFoundError(
+                f"save_state: the folder '{directory}' was removed while this process was writing its state into "
+                f"it, so nothing was saved. Another process saving into the same folder (automatic checkpoint "
+                f"naming prunes beyond total_limit) or a clean-up removed it. Give each run its own "
+                f"project_dir (or output_dir)."
+            ) from error
         if automatic:
             if self.is_main_process:
                 _prune_automatic(paths.parent(directory), keep=config.total_limit, newest=directory)
@@ -453,12 +463,13 @@ def _holds_complete_state(directory: str) -> bool:
 
 def _prune_automatic(root: str, keep: int | None, newest: str) -> None:
     """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
-    from drivetrain.plugins.io.atomic import remove, tidy
+    from drivetrain.plugins.io.atomic import being_written, remove, tidy
 
     tidy(root)  # what a crash left here (a checkpoint half deleted); the save itself tidied its own folder
     existing = [path for _, path in _existing(root) if path != newest]
     complete = [path for path in existing if _holds_complete_state(path)]
-    doomed = [path for path in existing if path not in complete]
+    # An incomplete one is a crash's leftover, unless another run saving here is writing it right now.
+    doomed = [path for path in existing if path not in complete and not being_written(path)]
     if keep is not None:
         doomed += complete[: max(0, len(complete) + 1 - keep)]
     for path in doomed:

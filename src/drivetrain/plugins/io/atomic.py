@@ -458,6 +458,32 @@ def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = No
             leftover.unlink(missing_ok=True)
 
 
+def being_written(folder: str | os.PathLike[str]) -> bool:
+    """Whether a live writer (this process's or another's) has a temporary file open in the local ``folder``.
+
+    An incomplete checkpoint folder that is being written is not a crash's leftover: pruning it
+    would pull the folder from under its writer (two runs saving into one project folder).
+    """
+    if paths.is_remote(folder):
+        return False
+    folder = local_path(folder)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    with _in_flight_lock:
+        ours = set(_in_flight)
+        reserved = set(_reserved)
+    for name in names:
+        match = _TEMPORARY.match(name)
+        if match is None or match["kind"] != "partial":
+            continue
+        path = folder / name
+        if os.fspath(path) in ours or match["token"] in reserved or _held_by_another_process(path):
+            return True
+    return False
+
+
 def _tidy_remote(directory: str, options: StorageOptions) -> None:
     with _in_flight_lock:
         keep = set(_in_flight)
