@@ -44,7 +44,7 @@ def main() -> None:
     config = ProjectConfiguration(project_dir=sys.argv[1], automatic_checkpoint_naming=True, total_limit=1)
     accelerator = dt.Accelerator(cpu=True, project_config=config)
     model = nn.Linear(4, 1)
-    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     accelerator.register_for_checkpointing(Paused())
     try:
         print(f"saved {accelerator.save_state()}", flush=True)
