@@ -202,6 +202,28 @@ def test_storage_options_reach_the_filesystem_from_the_checkpoint_io_and_the_tra
     assert fs.isfile(f"{s3_bucket[5:]}/opts/trainer.ckpt")
 
 
+def test_a_checkpoint_read_without_credentials_says_so_not_that_it_is_missing(
+    s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import s3fs
+
+    path = f"{s3_bucket}/nocreds/model.ckpt"
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(Regression(), loader(regression_data(8)))
+    trainer.save_checkpoint(path)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()  # a new process would start without the cached session
+    with pytest.raises(
+        PermissionError, match=r"Cannot reach 's3://.*/model\.ckpt': no credentials were found"
+    ):
+        quiet_trainer().validate(Regression(), loader(regression_data(8)), ckpt_path=path)
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 # -- kill -9 in the middle of a remote checkpoint write -----------------------------------------------
 @pytest.mark.parametrize(
     ("point", "write", "top_k", "resumed_from", "kept"),

@@ -304,6 +304,16 @@ def _write_remote_file(
     verify: Callable[[Any], None] | None,
     options: StorageOptions,
 ) -> None:
+    with paths.reaching(path):
+        _write_remote_file_reached(path, write, verify, options)
+
+
+def _write_remote_file_reached(
+    path: str,
+    write: Callable[[IO[bytes]], object],
+    verify: Callable[[Any], None] | None,
+    options: StorageOptions,
+) -> None:
     fs, inner = paths.filesystem(path, options)
     with in_flight(partial_path(path, new_token())) as tmp:
         _, tmp_inner = paths.filesystem(tmp, options)
@@ -392,10 +402,9 @@ def resolve(path: str | os.PathLike[str], storage_options: StorageOptions = None
     """
     if paths.is_remote(path):
         text = os.fspath(path)
-        fs, inner = paths.fresh_filesystem(text, storage_options)
-        if fs.isfile(inner):
+        if paths.isfile(text, storage_options):
             return text
-        if fs.isfile(f"{inner.rstrip('/')}/{COMPLETE_MARKER}"):
+        if paths.isfile(paths.join(text, COMPLETE_MARKER), storage_options):
             return text
         return None
     path = local_path(path)
@@ -528,9 +537,8 @@ def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = 
 def _is_complete_remote(path: str, options: StorageOptions) -> bool:
     from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 
-    fs, inner = paths.fresh_filesystem(path, options)
     try:
-        if fs.isfile(inner):
+        if paths.isfile(path, options):
             check_torch_file(path, options)
             return True
         names = paths.listdir(path, options)
