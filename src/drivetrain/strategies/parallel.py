@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from drivetrain._utilities.renamed import sync_renamed_hooks
-from drivetrain.strategies.collective_monitor import STALL_TIMEOUT, CollectiveMonitor
+from drivetrain.strategies.collective_monitor import DEBUG_STALL_TIMEOUT, STALL_TIMEOUT, CollectiveMonitor
 from drivetrain.strategies.collectives import (
     all_gather_checked,
     all_gather_objects,
@@ -72,7 +72,7 @@ class ParallelStrategy(Strategy):
             backend's own limit, for every collective.
         stall_timeout: seconds after which a collective that waits for ranks which are elsewhere
             and make no progress becomes an error naming every rank's place (``None``: no limit
-            but ``timeout``). Ranks waiting in different collectives are an error within seconds
+            but ``timeout``); left at its default, 10 s while ``debug_collectives`` is on. Ranks waiting in different collectives are an error within seconds
             regardless. See :mod:`drivetrain.strategies.collective_monitor`.
         debug_collectives: before every collective, check through the rendezvous store that all
             ranks call the same one with tensors of the same shapes and dtypes, and raise
@@ -307,6 +307,10 @@ class ParallelStrategy(Strategy):
             self.world_size,
             debug=self._debug_collectives,
             stall_timeout=self._stall_timeout,
+            # Left at its default (the very constant, not an equal number given), debug mode waits less.
+            debug_stall_timeout=DEBUG_STALL_TIMEOUT
+            if self._stall_timeout is STALL_TIMEOUT
+            else self._stall_timeout,
             on_stuck=self._end_stuck_rank,
         )
         self._monitor.start()
