@@ -27,6 +27,7 @@ from drivetrain.strategies.state_dicts import checkpoint_into_state, read_throug
 from drivetrain.strategies.step_policy import (
     StepFunctions,
     clip_grad_norm,
+    explain_backward_failure,
     nonfinite_norm_is_error,
     step_functions_for,
 )
@@ -284,8 +285,14 @@ class Strategy:
 
     def backward(self, tensor: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
         precision = self.precision
-        tensor = precision.pre_backward(tensor, module)
-        precision.backward(tensor, module, *args, **kwargs)
+        try:  # free unless it raises (Python 3.11+)
+            tensor = precision.pre_backward(tensor, module)
+            precision.backward(tensor, module, *args, **kwargs)
+        except RuntimeError as error:
+            explained = explain_backward_failure(error, tensor)
+            if explained is None:
+                raise
+            raise explained from None  # torch's own traceback is the autograd engine's
         precision.post_backward(tensor, module)
 
     def optimizer_step(

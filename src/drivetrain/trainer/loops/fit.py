@@ -234,7 +234,16 @@ class FitLoop:
             last = progress.is_last_batch = batch_idx + 1 == limit or self._last_flag
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
                 break
-            outputs = step(batch, batch_idx, last)
+            try:  # free unless it raises (Python 3.11+)
+                outputs = step(batch, batch_idx, last)
+            except (TypeError, AttributeError) as error:
+                if batch is not None:
+                    raise
+                raise TypeError(
+                    f"The training batch {batch_idx} is None, and training_step failed on it ({type(error).__name__}: "
+                    f"{error}). The DataLoader's collate_fn returned None: make it return the batch (a function "
+                    f"without `return` returns None), or return None from training_step for a None batch to skip it."
+                ) from error
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1
