@@ -168,7 +168,7 @@ class Checkpointing(ProcessControl):
         config = self.project_configuration
         directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
         located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
-        if not located.per_process and resolve(located.shared) is None:
+        if not located.per_process and self._main_process_finds_nothing(located.shared):
             directory = self._instead_of_interrupted(directory)
             located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
         if resolve(located.shared) is None:
@@ -206,6 +206,15 @@ class Checkpointing(ProcessControl):
         if config.automatic_checkpoint_naming:
             config.iteration = int(loaded.entries["iteration"]) + 1
         return str(directory)
+
+    def _main_process_finds_nothing(self, path: str) -> bool:
+        """Whether nothing is published at ``path``, as the main process sees it (every process gets its answer)."""
+        from drivetrain.plugins.io.atomic import resolve
+
+        missing = resolve(path) is None if self.is_main_process else None
+        if self.strategy.world_size > 1:
+            missing = self.strategy.broadcast(missing)
+        return bool(missing)
 
     def _instead_of_interrupted(self, directory: str) -> str:
         """For a folder a killed ``save_state`` left without its state: the newest complete state beside it.
