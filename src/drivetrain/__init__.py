@@ -7,9 +7,17 @@ Everything here is imported lazily so that ``import drivetrain`` costs next to n
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# The process that started this one, read as early as drivetrain runs (and again in a forked
+# child). A rank asks for its launcher when it sets up, seconds later; a launcher killed in between
+# has by then been replaced as the parent by init, and the orphan would take init for its launcher.
+_started_by = [os.getppid()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _started_by.__setitem__(0, os.getppid()))
 
 _LAZY = {
     "connect": "drivetrain.connector",

@@ -7,6 +7,13 @@ variants of the same scenarios are in ``test_kill_during_save.py``.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,7 @@ import drivetrain as dt
 from drivetrain.plugins.io import TorchCheckpointIO
 from drivetrain.trainer import Callback, ModelCheckpoint
 from drivetrain.utils import ProjectConfiguration
+from helpers.scripts import clean_env, run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -153,6 +161,121 @@ def test_manual_save_state_replaces_a_state_atomically(tmp_path: Path) -> None:
         accelerator.save_state(tmp_path / "manual")
     assert (tmp_path / "manual" / "state.ckpt").read_bytes() == before
     assert os.listdir(tmp_path / "manual") == ["state.ckpt"]
+
+
+def test_load_state_of_a_folder_a_killed_save_left_loads_the_newest_complete_state_beside_it(
+    tmp_path: Path,
+) -> None:
+    """save_state(dir) creates ``dir`` before its state is complete: a kill leaves a folder a resume picks."""
+    accelerator, model, optimizer = _accelerator(tmp_path)
+    accelerator.save_state(tmp_path / "runs" / "step_2")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _step(model, optimizer, accelerator)
+    accelerator.save_state(tmp_path / "elsewhere" / "step_3")  # another folder: not a candidate
+    killed = tmp_path / "runs" / "step_4"  # as a kill in the middle of its write leaves it
+    killed.mkdir()
+    (killed / ".state.ckpt.drivetrain-partial-0123456789ab").write_bytes(b"PK\x03\x04 half a state")
+
+    resumed, model, _ = _accelerator(tmp_path)
+    with pytest.warns(
+        UserWarning, match=r"load_state\('.*step_4'\): that folder holds no complete state; a "
+    ):
+        loaded = resumed.load_state(killed)
+    assert loaded == str(tmp_path / "runs" / "step_2")
+    for key, value in saved.items():
+        assert torch.equal(model.state_dict()[key], value)
+
+    (tmp_path / "alone").mkdir()
+    with pytest.raises(
+        FileNotFoundError, match=r"a save_state into it was interrupted .* no folder beside it"
+    ):
+        resumed.load_state(tmp_path / "alone")
+
+
+def _can_mount_a_small_disk() -> bool:
+    try:
+        done = subprocess.run(
+            ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_a_small_disk(), reason="needs unshare with user and mount namespaces")
+def test_a_full_disk_is_named_with_the_space_needed_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
+    """A real full disk (a 1 MB tmpfs, mounted in a private namespace): torch only says ``unexpected pos``."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    script = Path(__file__).parent / "scripts" / "full_disk_fit.py"
+    command = f"mount -t tmpfs -o size=1m tmpfs '{folder}' && exec '{sys.executable}' '{script}' '{folder}'"
+    done = run_command(["unshare", "-Urm", "sh", "-c", command], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"OSError: \[Errno 28\] No space left on device writing the checkpoint '.*step=4\.ckpt': it needs "
+        r"\d+\.\d kB and '.*disk' has \d+\.\d kB free\. The previous checkpoint under that name",
+        done.stdout,
+    ), done.stdout + done.stderr
+    assert "kept ['epoch=0-step=2.ckpt'] at step 2" in done.stdout, done.stdout
+
+
+# -- two runs saving automatic checkpoints into one project folder ----------------------------------
+@contextmanager
+def _paused_save(project: Path, gates: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process's save_state() into ``project``, held in the middle of writing ``checkpoint_0``."""
+    gates.mkdir()
+    script = Path(__file__).parent / "scripts" / "paused_save_state.py"
+    other = subprocess.Popen(
+        [sys.executable, str(script), str(project), str(gates)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(OMP_NUM_THREADS="1"),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (gates / "writing").exists():
+            assert other.poll() is None and time.monotonic() < deadline, other.communicate()
+            time.sleep(0.02)
+        yield other
+    finally:
+        (gates / "go").write_text("")
+        try:
+            other.communicate(timeout=60)
+        finally:
+            other.kill()
+
+
+def test_pruning_leaves_alone_a_checkpoint_another_run_is_writing(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    with _paused_save(project, tmp_path / "gates") as other:
+        config = ProjectConfiguration(
+            project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1, iteration=5
+        )
+        accelerator = dt.Accelerator(cpu=True, project_config=config)
+        model = accelerator.prepare(nn.Linear(4, 1))
+        accelerator.save_state()  # total_limit=1: prunes what it finds complete or abandoned
+        (tmp_path / "gates" / "go").write_text("")
+        out, err = other.communicate(timeout=60)
+    assert out.strip() == f"saved {project / 'checkpoints' / 'checkpoint_0'}", out + err
+    # (Its own total_limit=1 then removed checkpoint_5, as Accelerate's does: one folder, one limit.)
+    assert os.listdir(project / "checkpoints" / "checkpoint_0") == ["state.ckpt"]
+    assert model is not None
+
+
+def test_a_save_whose_folder_is_removed_meanwhile_says_so(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    with _paused_save(project, tmp_path / "gates") as other:
+        shutil.rmtree(project / "checkpoints" / "checkpoint_0")  # as another run's pruning, or a clean-up
+        (tmp_path / "gates" / "go").write_text("")
+        out, err = other.communicate(timeout=60)
+    assert re.fullmatch(
+        r"FileNotFoundError: save_state: the folder '.*checkpoint_0' was removed while this process was writing "
+        r"its state into it, so nothing was saved\. Another process .* Give each run its own project_dir .*",
+        out.strip(),
+    ), out + err
 
 
 # -- folders written by every rank ----------------------------------------------------------------

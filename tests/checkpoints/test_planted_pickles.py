@@ -22,7 +22,13 @@ from drivetrain._utilities.imports import package_available
 from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
 from drivetrain.trainer import ModelCheckpoint
 from helpers.multiprocess import run_processes
-from helpers.planted import Payload, add_dcp_bytes_entry, plant_in_dcp_metadata, plant_in_torch_file
+from helpers.planted import (
+    Payload,
+    SystemPayload,
+    add_dcp_bytes_entry,
+    plant_in_dcp_metadata,
+    plant_in_torch_file,
+)
 from helpers.scripts import run_command
 from helpers.sharded import LR, Net, batches, loss_of, shard
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
@@ -62,6 +68,18 @@ def test_trainer_entry_points_refuse_a_planted_checkpoint(tmp_path: Path, entry:
         _refused(error, "Regression.load_from_checkpoint(path, weights_only=False)")
     else:
         _refused(error, f"Trainer.{entry}(..., ckpt_path=..., weights_only=False)")
+
+
+def test_an_os_system_payload_is_refused_as_unsafe_not_reported_as_damage(tmp_path: Path) -> None:
+    """torch 2.13 words this refusal differently ("unsupported GLOBAL posix.system whose module posix is blocked")."""
+    path, marker = _trainer_checkpoint(tmp_path), tmp_path / "ran"
+    plant_in_torch_file(path, marker, SystemPayload)
+    with pytest.raises(UnsafeCheckpointError) as error:
+        quiet_trainer().validate(Regression(), loader(regression_data(16)), ckpt_path=path)
+    assert not marker.exists()
+    message = str(error.value)
+    assert "safe loading refuses" in message and "posix.system" in message, message
+    assert "Trainer.validate(..., ckpt_path=..., weights_only=False)" in message, message
 
 
 def test_the_trainer_opt_out_loads_a_trusted_checkpoint(tmp_path: Path) -> None:

@@ -166,11 +166,15 @@ def test_pruning_still_finishes_what_a_crash_left_in_the_own_folder(tmp_path: Pa
     assert sorted(os.listdir(folder)) == ["step=6.ckpt"]
 
 
-def test_a_crash_between_the_top_k_file_and_last_resumes_from_the_newer_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seconds_apart", [10, 0], ids=["later", "same-second"])
+def test_a_crash_between_the_top_k_file_and_last_resumes_from_the_newer_step(
+    tmp_path: Path, seconds_apart: int
+) -> None:
     """save_last: a save writes ``step=N.ckpt`` then ``last.ckpt``; killed in between, ``last`` is one save old.
 
     Resuming with ``ckpt_path="last"`` must continue from step N (the newest complete checkpoint),
-    and nothing of the interrupted save may be left behind once the resumed fit saves again.
+    and nothing of the interrupted save may be left behind once the resumed fit saves again. Also
+    when both files carry the same time (object stores such as S3 keep whole seconds).
     """
     folder = tmp_path / "checkpoints"
     _fit(_callback(folder), max_steps=2)
@@ -184,7 +188,7 @@ def test_a_crash_between_the_top_k_file_and_last_resumes_from_the_newer_step(tmp
     shutil.copy(old_last, folder / "last.ckpt")
     now = (folder / "step=4.ckpt").stat().st_mtime
     os.utime(folder / "step=2.ckpt", (now - 20, now - 20))
-    os.utime(folder / "last.ckpt", (now - 10, now - 10))
+    os.utime(folder / "last.ckpt", (now - seconds_apart, now - seconds_apart))
     steps: list[int] = []
 
     class FirstStep(Callback):

@@ -53,8 +53,22 @@ def _metrics(split: bool, dispatch: bool) -> dict[str, Any]:
     return out
 
 
+def _uneven(items: int, batch_size: int) -> Any:
+    """gather_for_metrics over a loader with even_batches=False: every item, or the error."""
+    accelerator = dt.Accelerator(cpu=True, even_batches=False)
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(items)), batch_size=batch_size))
+    gathered: list[int] = []
+    try:
+        for (ids,) in loader:
+            gathered += accelerator.gather_for_metrics({"ids": ids})["ids"].tolist()
+    except ValueError as error:
+        return str(error)
+    return gathered
+
+
 def _rank(rank: int, world_size: int, scratch: str) -> dict[str, Any]:
     out: dict[str, Any] = {"metrics": {combo: _metrics(*combo) for combo in COMBINATIONS}}
+    out["uneven"] = {shape: _uneven(*shape) for shape in ((9, 5), (10, 3), (9, 4))}
     accelerator = dt.Accelerator(cpu=True)
 
     out["pad"] = accelerator.pad_across_processes(torch.full((rank + 1, 2), rank), pad_index=-1).tolist()
@@ -137,6 +151,19 @@ def test_gather_for_metrics_returns_exactly_the_loaders_items(
         assert names == [f"item{i}" for i in expected]
         assert padded >= len(expected) and (padded > 99 or drop_last), "gather keeps the repeats"
         assert result["metrics"][(split, dispatch)][("stream", drop_last)] == expected
+
+
+def test_gather_for_metrics_with_uneven_batches_returns_every_item_or_says_why_it_cannot(
+    results: list[dict[str, Any]],
+) -> None:
+    for result in results:
+        assert result["uneven"][(9, 5)] == list(range(9))  # last batches of 5 and 4 items
+        assert result["uneven"][(10, 3)] == list(range(10))  # two batches each, the last of 3 and 1
+        # 3 batches of 4, 4 and 1 item dealt to 2 processes: 2 and 1 gathers; the second would never end.
+        assert result["uneven"][(9, 4)].startswith(
+            "gather_for_metrics in a loop over a loader prepared with even_batches=False, which gives the "
+            "processes different numbers of batches (rank 0: 2, rank 1: 1)"
+        )
 
 
 def test_pad_split_reduce_and_gather(results: list[dict[str, Any]]) -> None:

@@ -15,12 +15,16 @@ Usage: python fault_program.py DOOR STRATEGY FAULT DIR
               writes ``fault`` (the time)
 
 Environment: FAULT_RANK (default 1) and FAULT_STEP (default 3) place the fault; STALL_TIMEOUT
-and DEBUG_COLLECTIVES=1 configure the strategy's collective checks.
+and DEBUG_COLLECTIVES=1 configure the strategy's collective checks. FAULT_PAUSE=S makes the other
+ranks wait S seconds at the fault step (so the launcher sees the failed rank end first);
+SLOW_LOG=S configures logging with a handler that takes S seconds to write each error (a slow
+log sink: a network handler, a full pipe).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -80,6 +84,7 @@ def inject(fault: str, door: Door, directory: Path, rank: int, step: int) -> Non
         if rank == FAULT_RANK:
             (directory / "fault").write_text(repr(time.time()))
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        time.sleep(float(os.environ.get("FAULT_PAUSE", "0")))
         return
     (directory / "fault").write_text(repr(time.time()))
     if fault == "reduce-vs-barrier":
@@ -188,6 +193,17 @@ def run_accelerator(name: str, fault: str, directory: str) -> None:
     accelerator.launch(train_accelerator, accelerator, fault, directory)
 
 
+class SlowHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes each error only after a while, as a log sink that is slow to take it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            time.sleep(float(os.environ["SLOW_LOG"]))
+        super().emit(record)
+
+
 if __name__ == "__main__":
+    if "SLOW_LOG" in os.environ:
+        logging.basicConfig(handlers=[SlowHandler(sys.stderr)], format="%(message)s")
     door_name, strategy_name, fault_name, out = sys.argv[1:5]
     (run_trainer if door_name == "trainer" else run_accelerator)(strategy_name, fault_name, out)

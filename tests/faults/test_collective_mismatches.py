@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import drivetrain as dt
+from drivetrain.strategies.collective_monitor import DEBUG_STALL_TIMEOUT
 from drivetrain.utils import DistributedOperationException
 from faults.jobs import Job, report
 from helpers.multiprocess import RankFailed, run_processes
@@ -100,6 +101,17 @@ CASES = [
         ],
         STALL + 30,
     ),
+    (  # the same without a stall_timeout: debug mode's own default (10 s), not the 120 s of normal runs
+        "save-on-one-rank",
+        "accelerator",
+        "script",
+        {"DEBUG_COLLECTIVES": "1"},
+        "CollectiveStuckError",
+        [
+            r"\[rank0\]: drivetrain\.strategies\.collective_errors\.CollectiveStuckError: Rank 0: a collective waited"
+        ],
+        DEBUG_STALL_TIMEOUT + 30,
+    ),
     (
         "reduce-shapes",
         "accelerator",
@@ -176,6 +188,12 @@ def _debug_mode_checks(rank: int, world: int) -> dict[str, str]:
         accelerator.pad_across_processes(torch.ones(2) if rank == 0 else torch.ones(2, 2))
     except DistributedOperationException as error:
         caught["pad"] = str(error)
+    try:  # rank 1 skips a reduce; its next one, of the same shape, would pair with rank 0's skipped one
+        if rank == 0:
+            accelerator.reduce(torch.ones(2), reduction="sum")
+        caught["skipped"] = str(accelerator.reduce(torch.full((2,), 10.0), reduction="sum").tolist())
+    except DistributedOperationException as error:
+        caught["skipped"] = str(error)
     caught["after"] = str(accelerator.reduce(torch.ones(2), reduction="sum").tolist())  # still usable
     return caught
 
@@ -191,4 +209,10 @@ def test_debug_mode_raises_on_every_rank_before_the_backend_sees_a_mismatch() ->
         assert "rank 0: all_gather(shape (2,), torch.float32)" in caught["gather"]
         assert "rank 1: all_gather(shape (2,), torch.float64)" in caught["gather"]
         assert "same number of dimensions on every process, got rank 0: 1-d; rank 1: 2-d" in caught["pad"]
+        assert re.search(
+            r"is called from different places on different ranks: rank 0: all_reduce\(\[shape \(2,\), "
+            r"torch.float32, sum\]\) at .*test_collective_mismatches\.py:(\d+) .*; rank 1: all_reduce\(.*\) at "
+            r".*test_collective_mismatches\.py:(?!\1)\d+ .* did a rank skip a collective\?",
+            caught["skipped"],
+        ), caught["skipped"]
         assert caught["after"] == "[2.0, 2.0]"

@@ -55,3 +55,18 @@ def test_an_error_on_one_rank_ends_the_job_and_names_the_rank(
     seconds = ended - float((job.directory / "fault").read_text())
     report(f"error on rank {rank}: {mode}, {door}", 1, int(seconds < EXIT_BOUND_SECONDS), seconds)
     assert seconds < EXIT_BOUND_SECONDS, f"the job took {seconds:.1f} s to end after rank {rank} failed"
+
+
+def test_the_cause_is_named_when_the_launcher_exits_while_its_report_is_still_being_written(
+    launch: Callable[..., Job],
+) -> None:
+    """Script launcher: a watcher thread reports the failed rank while rank 0 ends on its own error.
+
+    Rank 0 waits at the fault step until rank 1 has ended (FAULT_PAUSE), then fails in its next
+    collective and exits while the report of rank 1 is still being written (a slow log sink):
+    the report must still come out, before the process ends.
+    """
+    job = launch("script", "accelerator", "raise", FAULT_RANK="1", FAULT_PAUSE="2", SLOW_LOG="4")
+    code, _, err = job.wait(timeout=90)
+    assert code != 0
+    assert re.search(NAMED["script"], err), err

@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import drivetrain as dt
 from drivetrain._utilities.imports import package_available
+from drivetrain.plugins import AsyncCheckpointIO
 from drivetrain.plugins.io.atomic import is_complete, is_temporary
 from drivetrain.strategies.launchers.parent_death import set_parent_death_signal
 from drivetrain.trainer import Callback, ModelCheckpoint
@@ -98,6 +99,11 @@ class Observe(Callback):
 
     def on_train_batch_start(self, trainer: dt.Trainer, module: Any, *args: Any) -> None:
         if trainer.global_step == EVERY:
+            io = trainer.strategy.checkpoint_io
+            if isinstance(io, AsyncCheckpointIO):
+                # The first save written, and no worker thread at the sweep's forks (a forked
+                # child has no threads: its queue would wait for a worker that is not there).
+                io.teardown()
             kill_points.arm()
 
     def on_train_batch_end(self, trainer: dt.Trainer, module: Any, *args: Any) -> None:
@@ -139,7 +145,25 @@ def _saving_callbacks(kind: str, folder: Path) -> list[Callback]:
         ]
     if kind == "every_n":
         return [ModelCheckpoint(dirpath=folder, every_n_train_steps=EVERY, save_top_k=1, filename="{step}")]
+    if kind.startswith("top_k_last"):  # two files per save: the top-k one, then last.ckpt
+        return [
+            ModelCheckpoint(
+                dirpath=folder,
+                every_n_train_steps=EVERY,
+                monitor="score",
+                mode="max",
+                save_top_k=1,
+                save_last=True,
+                filename="{step}",
+            )
+        ]
     return [SaveEvery(folder / "manual.ckpt")]
+
+
+def _plugins(kind: str) -> list[Any]:
+    """``top_k_last@copy`` / ``@fork``: the saves go through AsyncCheckpointIO with that snapshot."""
+    _, _, snapshot = kind.partition("@")
+    return [AsyncCheckpointIO(snapshot=snapshot)] if snapshot else []
 
 
 def trainer_program(
@@ -147,6 +171,8 @@ def trainer_program(
 ) -> dict[str, Any]:
     """Fit (or resume) with one of the Trainer's save paths; the result is what the checks need."""
     warnings.filterwarnings("ignore", message="Skipping incomplete")
+    if devices > 1 and dist.get_rank() != 0:
+        kill_at = None  # the kill points are rank 0's events; the launcher then kills rank 1 too
     if not resume:
         kill_points.install(kill_at, folder, sweep)
     root = Path(folder)
@@ -160,6 +186,7 @@ def trainer_program(
         enable_checkpointing=kind != "save_checkpoint",  # that path saves without a ModelCheckpoint
         default_root_dir=folder,
         callbacks=callbacks,
+        plugins=_plugins(kind) or None,
     )
     torch.manual_seed(0)
     data = DataLoader(_data(), batch_size=3, shuffle=True)
@@ -184,14 +211,16 @@ class Progress:
 def accelerator_program(
     kind: str, folder: str, kill_at: int | None, resume: bool, devices: int = 1, sweep: Any = None
 ) -> dict[str, Any]:
-    """A loop with ``save_state`` every EVERY steps, to one folder (``manual``) or automatic ones."""
+    """A loop with ``save_state`` every EVERY steps: to one folder (``manual``), a folder per save
+    (``folders``: ``step_<N>``, resumed from the newest folder as Accelerate's examples do) or
+    automatic ones."""
     _quiet()
     if devices > 1 and dist.get_rank() != 0:
         kill_at = None  # the kill switch counts (and kills) on rank 0 only
     if not resume:
         kill_points.install(kill_at, folder, sweep)
     root = Path(folder)
-    automatic = kind != "manual"
+    automatic = kind == "automatic"
     if devices > 1:
         from helpers.sharded import LR, Net, batches, shard
 
@@ -226,13 +255,20 @@ def accelerator_program(
         return {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
 
     def save() -> None:
-        accelerator.save_state(None if automatic else root / "manual")
+        accelerator.save_state(
+            None if automatic else root / f"step_{progress.step}" if kind == "folders" else root / "manual"
+        )
+
+    def newest_folder() -> Path:  # Accelerate's examples: the folder made last
+        return max((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_ctime)
 
     start = None
     if resume:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            accelerator.load_state(None if automatic else root / "manual")
+            accelerator.load_state(
+                None if automatic else newest_folder() if kind == "folders" else root / "manual"
+            )
         start = (progress.step, weights())
         if devices > 1:
             loader = loader[progress.step :]  # the sharded program's batches are a plain list
@@ -420,10 +456,28 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if is_temporary(p.name))
 
 
-def _checkpoints_claim_their_weights(folder: Path, reference: dict[int, Weights], devices: int) -> str | None:
-    """Every complete single-file checkpoint under a real name holds the weights of the step it records."""
+def _checkpoints(folder: Path) -> list[str]:
+    """The checkpoints (files and folders) under ``folder``, by their names relative to it."""
+    found = {p for p in folder.rglob("*") if p.suffix == ".ckpt" or p.name.startswith("checkpoint_")}
+    return sorted(str(p.relative_to(folder)) for p in found if not any(q in found for q in p.parents))
+
+
+def _checkpoints_claim_their_weights(
+    folder: Path, reference: dict[int, Weights], devices: int
+) -> tuple[str | None, int | None]:
+    """Every complete single-file checkpoint under a real name holds the weights of the step it records.
+
+    Returns the problem found, if any, and the newest step a complete checkpoint holds. Sharded
+    folders are checked by resuming from them; their step is in the folder's own state file.
+    """
     if devices > 1:
-        return None  # folders: checked by resuming from them
+        steps = [
+            torch.load(path / "drivetrain_state.pt", weights_only=True)["values"].get("global_step")
+            for path in folder.glob("*.ckpt")
+            if path.is_dir() and not is_temporary(path.name) and is_complete(path)
+        ]
+        return None, max((step for step in steps if step is not None), default=None)
+    newest = None
     for path in sorted(folder.rglob("*.ckpt")):
         if is_temporary(path.name) or not path.is_file() or not is_complete(path):
             continue
@@ -432,8 +486,9 @@ def _checkpoints_claim_their_weights(folder: Path, reference: dict[int, Weights]
         saved = checkpoint["state_dict"]
         expected = {k.removeprefix("module."): v for k, v in reference[step].items()}
         if not _same({k.removeprefix("module."): v for k, v in saved.items()}, expected):
-            return f"{path.name} says step {step} but holds other weights"
-    return None
+            return f"{path.name} says step {step} but holds other weights", None
+        newest = step if newest is None else max(newest, step)
+    return None, newest
 
 
 def _kill_points(events: list[tuple[str, str]], wanted: int) -> list[int]:
@@ -445,11 +500,22 @@ def _kill_points(events: list[tuple[str, str]], wanted: int) -> list[int]:
     """
     if wanted >= len(events):
         return list(range(1, len(events) + 1))
+    # Always: where a save's last.ckpt begins, its top-k file (if any) already published.
+    between = {number for number, (_, where) in enumerate(events, 1) if _starts_last(events, number)}
     steps = [number for number, (kind, _) in enumerate(events, 1) if kind != "write"]
     writes = [number for number, (kind, _) in enumerate(events, 1) if kind == "write"]
     if len(steps) >= wanted:
-        return _spread(steps, wanted)
-    return sorted({*steps, *_spread(writes, wanted - len(steps))})
+        return sorted({*between, *_spread(steps, wanted)})
+    return sorted({*between, *steps, *_spread(writes, wanted - len(steps))})
+
+
+def _starts_last(events: list[tuple[str, str]], number: int) -> bool:
+    """Whether event ``number`` is the first of a write of ``last.ckpt`` (the first on its temporary path)."""
+    where = Path(events[number - 1][1])
+    temporary = next(
+        (part for part in where.parts if part.startswith(".last.ckpt.drivetrain-partial-")), None
+    )
+    return temporary is not None and not any(temporary in path for _, path in events[: number - 1])
 
 
 def _spread(numbers: list[int], wanted: int) -> list[int]:
@@ -472,9 +538,17 @@ SAVE_PATHS = [
     SavePath("top_k", "ModelCheckpoint top-k", trainer_program, "top_k"),
     SavePath("every_n", "ModelCheckpoint every-n", trainer_program, "every_n"),
     SavePath("save_checkpoint", "trainer.save_checkpoint", trainer_program, "save_checkpoint"),
+    # Two files per save (top-k, then last.ckpt): a kill between them is among the kill points.
+    SavePath("top_k_last", "ModelCheckpoint top-k + last", trainer_program, "top_k_last"),
+    SavePath("top_k_last_copy", "top-k + last, async (copy)", trainer_program, "top_k_last@copy"),
+    SavePath("top_k_last_fork", "top-k + last, async (fork)", trainer_program, "top_k_last@fork"),
     SavePath("save_state_manual", "Accelerator.save_state manual", accelerator_program, "manual"),
     SavePath("save_state_automatic", "Accelerator.save_state automatic", accelerator_program, "automatic"),
+    SavePath(
+        "save_state_folders", "Accelerator.save_state, a folder per save", accelerator_program, "folders"
+    ),
     SavePath("fsdp", "FSDP sharded (2 ranks, Trainer last)", trainer_program, "last", devices=2),
+    SavePath("fsdp_top_k_last", "FSDP sharded (2 ranks, top-k + last)", trainer_program, "top_k_last", 2),
     SavePath(
         "deepspeed", "DeepSpeed ZeRO-2 (2 ranks, Accelerator automatic)", accelerator_program, "automatic", 2
     ),
@@ -524,19 +598,21 @@ def _load_deepspeed_ops() -> None:
 
 
 def _trial(
-    path: SavePath, folder: Path, kill_at: int, reference: dict[int, Weights], killed: str
+    path: SavePath, folder: Path, kill_at: int, reference: dict[int, Weights], killed: str, kept: list[str]
 ) -> list[str]:
     """Check what a kill left in ``folder`` and resume from it: the problems found."""
     if killed != "killed":
         return [killed]
     problems = []
-    claim = _checkpoints_claim_their_weights(folder, reference, path.devices)
+    claim, newest = _checkpoints_claim_their_weights(folder, reference, path.devices)
     if claim:
         problems.append(claim)
     outcome, resumed = _run(path.program, path.kind, folder, None, True, path.devices)
     if outcome != "ok":
         return [*problems, f"the resume failed: {resumed.strip().splitlines()[-1]}"]
     step, weights = resumed["start"]
+    if newest is not None and step < newest:
+        problems.append(f"resumed at step {step}, though a complete checkpoint of step {newest} was there")
     if step not in reference:
         problems.append(f"resumed at step {step}, which no save wrote")
     elif not _same(weights, reference[step]):
@@ -546,6 +622,8 @@ def _trial(
         problems.append("the resumed run ended with other weights than the uninterrupted one")
     if step < STEPS and _leftovers(folder):  # (resumed at the end, there was no next save)
         problems.append(f"left over after the next save: {_leftovers(folder)}")
+    if step < STEPS and _checkpoints(folder) != kept:
+        problems.append(f"after the next save the folder holds {_checkpoints(folder)}, not {kept}")
     return problems
 
 
@@ -558,6 +636,7 @@ def test_a_kill_during_a_save_leaves_a_checkpoint_the_run_resumes_from_exactly(
     outcome, uninterrupted = _run(path.program, path.kind, tmp_path / "reference", None, False, path.devices)
     assert outcome == "ok", uninterrupted
     reference, events = uninterrupted["at_step"], uninterrupted["events"]
+    kept = _checkpoints(tmp_path / "reference")  # what a run that is never killed keeps
     assert len(events) > 10 and any(kind == "fsync" for kind, _ in events), events
     points = _kill_points(events, KILL_POINTS[path.devices])
     if "DRIVETRAIN_KILL_POINTS_PART" in os.environ:  # "i/n": the i-th of n sweeps run side by side
@@ -576,7 +655,7 @@ def test_a_kill_during_a_save_leaves_a_checkpoint_the_run_resumes_from_exactly(
                 folder = tmp_path / f"kill{kill_at}"
                 outcome, result = _run(path.program, path.kind, folder, kill_at, False, path.devices)
                 killed = outcome if outcome == "killed" else f"the program was not killed: {result}"
-            problems = _trial(path, folder, kill_at, reference, killed)
+            problems = _trial(path, folder, kill_at, reference, killed, kept)
             if problems:
                 failures.append(
                     f"kill at event {kill_at} ({kind} {Path(where).name}): " + "; ".join(problems)

@@ -96,9 +96,18 @@ SEQUENTIAL_RUNS_TIMEOUT = 3 * 120
         # spawned ranks start with the parent's (seeded) generators.
         ("trainer", "ddp_spawn", 2, {"PREEMPT_RANK": "1", "PREEMPT_TARGET": "parent"}),
         ("trainer", "drivetrain launch", 2, {"PREEMPT_RANK": "1"}),
+        # drivetrain launch itself gets the signal (Kubernetes signals the container's first process).
+        ("trainer", "drivetrain launch", 2, {"PREEMPT_RANK": "1", "PREEMPT_TARGET": "parent"}),
         ("accelerator", "ddp", 2, {"PREEMPT_RANK": "1"}),
     ],
-    ids=["trainer-1-process", "trainer-ddp", "trainer-ddp_spawn-parent", "trainer-launch", "accelerator-ddp"],
+    ids=[
+        "trainer-1-process",
+        "trainer-ddp",
+        "trainer-ddp_spawn-parent",
+        "trainer-launch",
+        "trainer-launch-launcher",
+        "accelerator-ddp",
+    ],
 )
 def test_sigterm_saves_stops_every_rank_and_the_next_start_resumes(
     tmp_path: Path,

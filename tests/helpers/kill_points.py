@@ -11,6 +11,11 @@ unchanged.
 Without ``kill_at`` the events are only counted (and recorded, with the path they touch), which
 is how a test learns how many kill points a save has.
 
+Processes forked after :func:`install` (a background save's writer, ``AsyncCheckpointIO(snapshot=
+"fork")``) share the count and the record: an event in such a writer is counted in the one
+sequence, and a kill there kills the process that armed the switch (the training process) first,
+then the writer, as a kill of the training process would take its writer with it.
+
 Many kill points per process start: :func:`install` with a ``sweep`` connection makes :func:`arm`
 a fork point. The process (the *driver*) first copies the checkpoint folder as it is then; for
 each kill point the other end of the connection sends, it puts the folder back as it was, forks a
@@ -23,23 +28,48 @@ in-memory state as the uninterrupted run had it: no interpreter start, no traini
 from __future__ import annotations
 
 import builtins
+import fcntl
 import io
+import mmap
 import os
 import shutil
 import signal
+import struct
+import tempfile
+import threading
 from typing import Any
 
 import torch
 
 _state: dict[str, Any] = {
     "armed": False,
-    "count": 0,
     "kill_at": None,
-    "events": [],
     "root": "/",
     "sweep": None,
     "child": False,
+    "lead": 0,  # the process that armed the switch
+    "counter": None,  # shared memory: the number of events so far (forked writers count in it too)
+    "record": -1,  # a file (shared with forked writers) of the events: one "kind\tpath" line each
 }
+_lock = threading.Lock()  # the training thread and a background save's thread both count
+
+
+def _fresh_count() -> None:
+    """A new count and record, shared with the processes this one forks from now on."""
+    if _state["record"] >= 0:
+        os.close(_state["record"])
+    _state["counter"] = mmap.mmap(-1, 8)
+    fd, name = tempfile.mkstemp(prefix="kill-points-")
+    os.unlink(name)
+    _state["record"] = fd
+
+
+def _new_lock() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 def install(kill_at: int | None, root: str | os.PathLike[str] = "/", sweep: Any = None) -> None:
@@ -49,15 +79,8 @@ def install(kill_at: int | None, root: str | os.PathLike[str] = "/", sweep: Any 
     process happens to write (a log line, a cache) moves the kill points. ``sweep``: a
     ``multiprocessing`` connection that makes :func:`arm` a fork point (see the module docstring).
     """
-    _state.update(
-        armed=False,
-        count=0,
-        kill_at=kill_at,
-        events=[],
-        root=os.path.abspath(root),
-        sweep=sweep,
-        child=False,
-    )
+    _state.update(armed=False, kill_at=kill_at, root=os.path.abspath(root), sweep=sweep, child=False)
+    _fresh_count()
     real_open = builtins.open
 
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
@@ -94,7 +117,7 @@ def arm() -> None:
     """Start counting events (the save under test comes next); in a sweep, fork a child per kill point."""
     if _state["sweep"] is not None:
         _drive(_state["sweep"])  # returns in each child only
-    _state["armed"] = True
+    _state.update(armed=True, lead=os.getpid())
 
 
 def swept() -> bool:
@@ -115,7 +138,8 @@ def _drive(connection: Any) -> None:
         shutil.copytree(snapshot, root, symlinks=True)
         pid = os.fork()
         if pid == 0:
-            _state.update(sweep=None, child=True, kill_at=kill_at, count=0, events=[])
+            _state.update(sweep=None, child=True, kill_at=kill_at)
+            _fresh_count()
             return
         _, status = os.waitpid(pid, 0)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -123,8 +147,13 @@ def _drive(connection: Any) -> None:
 
 
 def events() -> list[tuple[str, str]]:
-    """The events counted so far: (kind, path)."""
-    return list(_state["events"])
+    """The events counted so far, by this process and the writers it forked: (kind, path)."""
+    record = _state["record"]
+    if record < 0:
+        return []  # never installed in this process
+    size = os.fstat(record).st_size
+    lines = os.pread(record, size, 0).decode().splitlines()
+    return [(kind, where) for kind, where in (line.split("\t", 1) for line in lines)]
 
 
 def _event(kind: str, path: Any) -> None:
@@ -133,9 +162,18 @@ def _event(kind: str, path: Any) -> None:
     where = _where(path)
     if where is None or not (where == _state["root"] or where.startswith(_state["root"] + os.sep)):
         return
-    _state["count"] += 1
-    _state["events"].append((kind, where))
-    if _state["count"] == _state["kill_at"]:
+    record, counter = _state["record"], _state["counter"]
+    with _lock:
+        fcntl.lockf(record, fcntl.LOCK_EX)  # against a forked writer counting at the same time
+        try:
+            count = struct.unpack_from("q", counter)[0] + 1
+            struct.pack_into("q", counter, 0, count)
+            os.pwrite(record, f"{kind}\t{where}\n".encode(), os.fstat(record).st_size)
+        finally:
+            fcntl.lockf(record, fcntl.LOCK_UN)
+    if count == _state["kill_at"]:
+        if os.getpid() != _state["lead"]:
+            os.kill(_state["lead"], signal.SIGKILL)  # a writer forked by the training process
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -8,6 +8,7 @@ asked for, does run it, so the test can tell a refused payload from a payload th
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,22 @@ class Payload:
         return exec, (code,)
 
 
-def plant_in_torch_file(path: str | Path, marker: str | Path) -> None:
+class SystemPayload:
+    """Unpickling this object runs ``os.system`` (pickled as ``posix.system``), which writes ``marker``."""
+
+    def __init__(self, marker: str | Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (f"echo the planted pickle ran > '{self.marker}'",)
+
+
+def plant_in_torch_file(path: str | Path, marker: str | Path, payload: type[Any] = Payload) -> None:
     """Add the payload to a ``torch.save`` file (its other entries stay loadable)."""
     checkpoint = torch.load(
         path, weights_only=False
     )  # the test's own, trusted file (DeepSpeed's hold its classes)
-    checkpoint["planted"] = Payload(marker)
+    checkpoint["planted"] = payload(marker)
     torch.save(checkpoint, path)
 
 

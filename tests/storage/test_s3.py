@@ -202,20 +202,50 @@ def test_storage_options_reach_the_filesystem_from_the_checkpoint_io_and_the_tra
     assert fs.isfile(f"{s3_bucket[5:]}/opts/trainer.ckpt")
 
 
+def test_a_checkpoint_read_without_credentials_says_so_not_that_it_is_missing(
+    s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import s3fs
+
+    path = f"{s3_bucket}/nocreds/model.ckpt"
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(Regression(), loader(regression_data(8)))
+    trainer.save_checkpoint(path)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()  # a new process would start without the cached session
+    with pytest.raises(
+        PermissionError, match=r"Cannot reach 's3://.*/model\.ckpt': no credentials were found"
+    ):
+        quiet_trainer().validate(Regression(), loader(regression_data(8)), ckpt_path=path)
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 # -- kill -9 in the middle of a remote checkpoint write -----------------------------------------------
 @pytest.mark.parametrize(
-    ("point", "write", "resumed_from"),
+    ("point", "write", "top_k", "resumed_from", "kept"),
     [
-        ("upload", 3, 2),  # step=4.ckpt dies half uploaded: last.ckpt (step 2) is the newest complete one
-        ("publish", 4, 2),  # last.ckpt (step 4) dies before its move: the old last.ckpt (step 2) stays
+        # step=4.ckpt dies half uploaded: last.ckpt (step 2) is the newest complete one
+        ("upload", 3, -1, 2, ["last.ckpt", "step=2.ckpt", "step=4.ckpt", "step=6.ckpt"]),
+        # last.ckpt (step 4) dies before its move, after step=4.ckpt was published: the two files
+        # of one second (S3 keeps whole seconds) are told apart by the step they hold
+        ("publish", 4, -1, 4, ["last.ckpt", "step=2.ckpt", "step=4.ckpt", "step=6.ckpt"]),
+        # the same with save_top_k=1: the resumed run prunes what the killed save left
+        ("publish", 4, 1, 4, ["last.ckpt", "step=6.ckpt"]),
     ],
+    ids=["upload", "publish", "publish-top-1"],
 )
-def test_a_kill_during_a_remote_checkpoint_write_leaves_the_previous_checkpoint_to_resume_from(
-    s3_bucket: str, point: str, write: int, resumed_from: int
+def test_a_kill_during_a_remote_checkpoint_write_leaves_the_newest_complete_checkpoint_to_resume_from(
+    s3_bucket: str, point: str, write: int, top_k: int, resumed_from: int, kept: list[str]
 ) -> None:
     dirpath = f"{s3_bucket}/killed/{point}"
     killed = run_script(
-        [str(SCRIPTS / "killed_s3_save.py"), dirpath, point, str(write)], env=clean_env(), timeout=150
+        [str(SCRIPTS / "killed_s3_save.py"), dirpath, point, str(write), str(top_k)],
+        env=clean_env(),
+        timeout=150,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     before = listing(dirpath)
@@ -232,16 +262,13 @@ def test_a_kill_during_a_remote_checkpoint_write_leaves_the_previous_checkpoint_
 
     model = Resumed()
     checkpoint = ModelCheckpoint(
-        dirpath=dirpath, filename="{step}", save_top_k=-1, every_n_train_steps=2, save_last=True
+        dirpath=dirpath, filename="{step}", save_top_k=top_k, every_n_train_steps=2, save_last=True
     )
     trainer = quiet_trainer(max_steps=6, enable_checkpointing=True, callbacks=[checkpoint])
     trainer.fit(model, loader(regression_data(32)), ckpt_path="last")
     assert model.started_at == resumed_from
     assert trainer.global_step == 6
-    # The crash's leftovers are gone; a step=4.ckpt the killed run completed is kept (the resumed run
-    # writes its own under the next free name).
-    kept = ["step=4-v1.ckpt", "step=4.ckpt"] if point == "publish" else ["step=4.ckpt"]
-    assert listing(dirpath) == ["last.ckpt", "step=2.ckpt", *kept, "step=6.ckpt"]
+    assert listing(dirpath) == kept  # the crash's leftovers are gone, and nothing stale stays
 
 
 # -- preemption with the run's folder in S3 ---------------------------------------------------------------

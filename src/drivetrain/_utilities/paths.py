@@ -18,7 +18,8 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
 from drivetrain._utilities.imports import MissingDependencyError
@@ -193,54 +194,94 @@ def check(path: str | os.PathLike[str] | None, storage_options: Mapping[str, Any
         filesystem(path, storage_options)
 
 
+@contextmanager
+def reaching(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a remote store's refusal for lack of credentials into an error that says so, and how to fix it.
+
+    Without credentials s3fs raises botocore's ``NoCredentialsError`` from deep inside (and its
+    ``isfile`` answers ``False``, so a checkpoint that is there looked missing).
+    """
+    try:
+        yield
+    except Exception as error:
+        if "Credentials" not in type(error).__name__ and not isinstance(error, PermissionError):
+            raise
+        text = _text(path)
+        lacking = (
+            "no credentials were found" if "Credentials" in type(error).__name__ else "access was denied"
+        )
+        hint = (
+            " For S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance role), or "
+            "storage_options={'anon': True} for a public bucket."
+            if protocol(text) in ("s3", "s3a")
+            else ""
+        )
+        raise PermissionError(
+            f"Cannot reach '{text}': {lacking} ({type(error).__name__}: {error}). Give the credentials for "
+            f"'{protocol(text)}' storage in the environment or in storage_options.{hint}"
+        ) from error
+
+
 # -- operations on either kind of path ----------------------------------------------------------------
 def exists(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        return bool(fs.exists(inner))
+        with reaching(path):
+            fs, inner = fresh_filesystem(path, storage_options)
+            return bool(fs.exists(inner))
     return os.path.exists(normalize(path))
 
 
 def isdir(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        return bool(fs.isdir(inner))
+        with reaching(path):
+            fs, inner = fresh_filesystem(path, storage_options)
+            return bool(fs.isdir(inner))
     return os.path.isdir(normalize(path))
 
 
 def isfile(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        return bool(fs.isfile(inner))
+        with reaching(path):
+            fs, inner = fresh_filesystem(path, storage_options)
+            try:  # not fs.isfile, which answers False when the store refuses the request
+                return fs.info(inner).get("type") == "file"
+            except FileNotFoundError:
+                return False
     return os.path.isfile(normalize(path))
 
 
 def listdir(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The names in the folder ``path`` (empty when there is none)."""
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        try:
-            entries = fs.ls(inner, detail=False, refresh=True)
-        except FileNotFoundError:
-            return []
-        except TypeError:  # a filesystem whose ls takes no refresh
-            try:
-                entries = fs.ls(inner, detail=False)
-            except FileNotFoundError:
-                return []
-        stripped = inner.rstrip("/")
-        return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != stripped})
+        with reaching(path):
+            return _listdir_remote(path, storage_options)
     try:
         return os.listdir(normalize(path))
     except OSError:
         return []
 
 
+def _listdir_remote(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None) -> list[str]:
+    fs, inner = fresh_filesystem(path, storage_options)
+    try:
+        entries = fs.ls(inner, detail=False, refresh=True)
+    except FileNotFoundError:
+        return []
+    except TypeError:  # a filesystem whose ls takes no refresh
+        try:
+            entries = fs.ls(inner, detail=False)
+        except FileNotFoundError:
+            return []
+    stripped = inner.rstrip("/")
+    return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != stripped})
+
+
 def makedirs(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
     """Create the folder ``path`` and its parents (object stores have no folders: nothing to do there)."""
     if is_remote(path):
-        fs, inner = filesystem(path, storage_options)
-        fs.makedirs(inner, exist_ok=True)
+        with reaching(path):
+            fs, inner = filesystem(path, storage_options)
+            fs.makedirs(inner, exist_ok=True)
         return
     os.makedirs(normalize(path), exist_ok=True)
 
@@ -253,23 +294,26 @@ def open_file(
 ) -> IO[Any]:
     """Open ``path`` (``kwargs`` as for :func:`open`, e.g. ``newline=""``)."""
     if is_remote(path):
-        fs, inner = filesystem(path, storage_options)
-        return fs.open(inner, mode, **kwargs)
+        with reaching(path):
+            fs, inner = filesystem(path, storage_options)
+            return fs.open(inner, mode, **kwargs)
     return open(normalize(path), mode, **kwargs)
 
 
 def size(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> int:
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        return int(fs.size(inner))
+        with reaching(path):
+            fs, inner = fresh_filesystem(path, storage_options)
+            return int(fs.size(inner))
     return os.stat(normalize(path)).st_size
 
 
 def modified(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> float:
     """When ``path`` was last written, as a POSIX timestamp."""
     if is_remote(path):
-        fs, inner = fresh_filesystem(path, storage_options)
-        return float(fs.modified(inner).timestamp())
+        with reaching(path):
+            fs, inner = fresh_filesystem(path, storage_options)
+            return float(fs.modified(inner).timestamp())
     return os.stat(normalize(path)).st_mtime
 
 

@@ -31,3 +31,11 @@ def parse_size(size: int | str, argument: str | None = None) -> int:
             "give bytes (an int) or a string such as '10MB' or '2GiB'."
         )
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes for people: ``"512 B"``, ``"3.8 MB"``, ``"1.2 GB"`` (decimal units)."""
+    for unit, factor in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size} B"

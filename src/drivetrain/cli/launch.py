@@ -407,6 +407,7 @@ def run_launch(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc_per_node)))
     # The ranks die with this process (see TorchElasticEnvironment.launcher_pid), even under kill -9.
     os.environ["DRIVETRAIN_LAUNCHER_PID"] = str(os.getpid())
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -417,15 +418,12 @@ def run_launch(args: argparse.Namespace) -> int:
         arguments = [*loopback_rendezvous(nproc_per_node), *arguments]
     try:
         run(parse_args(arguments))
+    except SignalException as error:  # this process got it: Kubernetes signals the first process
+        return _signalled(args.script, error)
     except ChildFailedError as error:
         stopped = _preempted(error.failures)
         if stopped is not None:
-            print(
-                f"drivetrain launch: {args.script} stopped for {signal_name(stopped - 128)} on every rank "
-                f"(exit code {stopped}): its checkpoint was saved, and a new start resumes from it.",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say_preempted(args.script, stopped)
             return stopped
         print(
             f"drivetrain launch: {args.script} {describe_failures(error.failures)}.",
@@ -438,6 +436,58 @@ def run_launch(args: argparse.Namespace) -> int:
 
 #: What torchrun puts in a failure's ``error_file_data`` when the rank wrote no error file.
 _NO_ERROR_FILE = "<NONE>"
+
+
+def _say_preempted(script: str, code: int) -> None:
+    print(
+        f"drivetrain launch: {script} stopped for {signal_name(code - 128)} on every rank "
+        f"(exit code {code}): its checkpoint was saved, and a new start resumes from it.",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _signalled(script: str, error: Any) -> int:
+    """This process received a stop signal; torchrun has passed it on to the ranks and waited for them.
+
+    Exits ``128 + signal`` as the ranks do. The ranks' endings (from torchrun's agent, found in
+    the exception's frames) say whether every rank stopped and saved; where they cannot be found
+    the message says only what this process did.
+    """
+    received = int(error.sigval)
+    code = 128 + received
+    endings = _rank_endings(error)
+    if endings is not None and _preempted(endings) == code:
+        _say_preempted(script, code)
+        return code
+    what = f"drivetrain launch: received {signal_name(received)} and passed it on to every rank of {script}"
+    if endings:
+        what += ": " + "; ".join(_ending(rank, ending) for rank, ending in sorted(endings.items()))
+    elif endings is not None:
+        what += ": every rank ended with exit code 0"
+    print(f"{what} (exit code {code}).", file=sys.stderr, flush=True)
+    return code
+
+
+def _rank_endings(error: BaseException) -> dict[int, Any] | None:
+    """How the ranks of this node ended (torchrun's ``ProcessFailure`` by local rank), when torchrun kept them.
+
+    torchrun's agent raises the signal after stopping its ranks, without their endings; its
+    process context, still referenced by the agent in the frames the exception went through,
+    has them. ``None`` when that is not found (another torch version).
+    """
+    traceback = error.__traceback__
+    while traceback is not None:
+        for value in traceback.tb_frame.f_locals.values():
+            context = getattr(value, "_pcontext", None)
+            if context is not None and callable(getattr(context, "wait", None)):
+                try:
+                    result = context.wait(0)
+                except Exception:
+                    return None
+                return dict(result.failures) if result is not None else None
+        traceback = traceback.tb_next
+    return None
 
 
 def _preempted(failures: dict[int, Any]) -> int | None:

@@ -22,6 +22,7 @@ loads its own share, chosen at the batch-sampler level) and
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -187,7 +188,17 @@ class PreparedDataLoader(DataLoader):
             # costs per-step time (allocator churn, a batch gone cold in the caches by its use).
             certain = self._batches_known_not_last(start_at)
             if certain > 0:
-                for batch in itertools.islice(source, certain):
+                batches = itertools.islice(source, certain)
+                # The epoch's first batch is looked at once (a collate_fn that returns None); the rest are not.
+                first = next(batches, _MISSING)
+                if first is not _MISSING:
+                    if first is None:
+                        _warn_none_batch(start_at, self._epoch)
+                    if place is not None:
+                        first = place(first)
+                    position.yielded += 1
+                    yield first
+                for batch in batches:
                     if place is not None:
                         batch = place(batch)
                     position.yielded += 1
@@ -199,6 +210,8 @@ class PreparedDataLoader(DataLoader):
             except StopIteration:
                 self._end_epoch()
                 return
+            if certain <= 0 and current is None:
+                _warn_none_batch(start_at, self._epoch)
             # Each batch is placed as it is handed out (after the look-ahead read of the next one), so
             # whatever placement runs (a Trainer module's batch-transfer hooks) sees the batches in step order.
             for upcoming in source:
@@ -412,6 +425,16 @@ class ShardedDataLoader(PreparedDataLoader):
 
 
 _MISSING = object()
+
+
+def _warn_none_batch(index: int, epoch: int) -> None:
+    warnings.warn(
+        f"The prepared DataLoader's batch {index} of epoch {epoch} is None: its collate_fn returned None. A batch is "
+        f"what the training step gets (tensors, or tuples/lists/dicts of them); make collate_fn return it (a function "
+        f"without `return` returns None). If None batches are intended, filter this warning.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _epoch_targets(loader: DataLoader) -> list[Any]:

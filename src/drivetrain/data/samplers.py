@@ -89,8 +89,15 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     def __len__(self) -> int:
+        return self._length(self.process_index)
+
+    def batches_per_process(self) -> list[int]:
+        """How many batches each process gets in an epoch (they differ only with ``even_batches=False``)."""
+        return [self._length(rank) for rank in range(self.num_processes)]
+
+    def _length(self, rank: int) -> int:
         batches = len(self.batch_sampler)  # type: ignore[arg-type]
-        n, rank = self.num_processes, self.process_index
+        n = self.num_processes
         if n == 1:
             return batches
         if self.split_batches:

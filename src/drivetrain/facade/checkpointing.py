@@ -112,7 +112,17 @@ class Checkpointing(ProcessControl):
         entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
         entries["accumulation_step"] = self.gradient_state.step
         entries["iteration"] = config.iteration
-        write_checkpoint(strategy, paths.join(directory, STATE_FILE), entries)
+        try:
+            write_checkpoint(strategy, paths.join(directory, STATE_FILE), entries)
+        except FileNotFoundError as error:
+            if paths.isdir(directory):
+                raise
+            raise FileNotFoundError(
+                f"save_state: the folder '{directory}' was removed while this process was writing its state into "
+                f"it, so nothing was saved. Another process saving into the same folder (automatic checkpoint "
+                f"naming prunes beyond total_limit) or a clean-up removed it. Give each run its own "
+                f"project_dir (or output_dir)."
+            ) from error
         if automatic:
             if self.is_main_process:
                 _prune_automatic(paths.parent(directory), keep=config.total_limit, newest=directory)
@@ -141,6 +151,10 @@ class Checkpointing(ProcessControl):
         :meth:`save_state`): every process then restores its own generators and loader
         positions from it, and the shared state from the main process's directory.
 
+        A folder that a killed :meth:`save_state` left without its state (what a "load the
+        newest folder" resume finds after a crash) is passed over, with a warning, for the newest
+        folder beside it that holds a complete state.
+
         Returns:
             The directory loaded.
         """
@@ -154,10 +168,19 @@ class Checkpointing(ProcessControl):
         config = self.project_configuration
         directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
         located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
+        if not located.per_process and self._main_process_finds_nothing(located.shared):
+            directory = self._instead_of_interrupted(directory)
+            located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
         if resolve(located.shared) is None:
             where = f"'{paths.parent(located.shared)}'" + (
                 " (the main process's directory)" if located.per_process else ""
             )
+            if _interrupted(directory):
+                raise FileNotFoundError(
+                    f"No complete training state in {where}: a save_state into it was interrupted (the process "
+                    f"was killed while saving), and no folder beside it holds a complete state. Load an earlier "
+                    f"state, or start afresh."
+                )
             raise FileNotFoundError(
                 f"No drivetrain training state in {where} (expected '{STATE_FILE}' inside, written by "
                 f"Accelerator.save_state). Pass the directory save_state wrote."
@@ -183,6 +206,39 @@ class Checkpointing(ProcessControl):
         if config.automatic_checkpoint_naming:
             config.iteration = int(loaded.entries["iteration"]) + 1
         return str(directory)
+
+    def _main_process_finds_nothing(self, path: str) -> bool:
+        """Whether nothing is published at ``path``, as the main process sees it (every process gets its answer)."""
+        from drivetrain.plugins.io.atomic import resolve
+
+        missing = resolve(path) is None if self.is_main_process else None
+        if self.strategy.world_size > 1:
+            missing = self.strategy.broadcast(missing)
+        return bool(missing)
+
+    def _instead_of_interrupted(self, directory: str) -> str:
+        """For a folder a killed ``save_state`` left without its state: the newest complete state beside it.
+
+        ``save_state(dir)`` creates ``dir`` before its state is complete, so a kill leaves a folder
+        that a "load the newest folder" resume picks. Such a folder (empty, or holding only the
+        temporary files of the interrupted write) is passed over with a warning for the newest
+        folder beside it that holds a complete state. The main process decides; every process
+        follows.
+        """
+        found = _newest_complete_sibling(directory) if self.is_main_process else None
+        if self.strategy.world_size > 1:
+            found = self.strategy.broadcast(found)
+        if found is None:
+            return directory
+        if self.is_main_process:
+            warnings.warn(
+                f"load_state('{directory}'): that folder holds no complete state; a save_state into it was "
+                f"interrupted (the process was killed while saving). Loading the newest complete state beside it "
+                f"instead: '{found}'.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return found
 
     def _refuse_unprepared_optimizers(self) -> None:
         """An optimizer that steps a prepared model but was never prepared would be left out silently.
@@ -382,6 +438,32 @@ def _existing(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _newest_complete_sibling(directory: str) -> str | None:
+    """The newest folder beside ``directory`` with a complete state, if ``directory`` is what a killed save left."""
+    from drivetrain.plugins.io.atomic import is_temporary, resolve
+
+    if not _interrupted(directory):
+        return None  # the caller says what is wrong
+    parent = paths.parent(directory)
+    found = [
+        (paths.modified(state), folder)
+        for name in paths.listdir(parent)
+        if not is_temporary(name)
+        and (folder := paths.join(parent, name)) != directory
+        and paths.isdir(folder)
+        and _holds_complete_state(folder)
+        and (state := resolve(paths.join(folder, STATE_FILE))) is not None
+    ]
+    return max(found)[1] if found else None
+
+
+def _interrupted(directory: str) -> bool:
+    """Whether ``directory`` is a folder a killed save left: nothing in it but temporary files (or nothing)."""
+    from drivetrain.plugins.io.atomic import is_temporary
+
+    return paths.isdir(directory) and all(is_temporary(name) for name in paths.listdir(directory))
+
+
 def _holds_complete_state(directory: str) -> bool:
     from drivetrain.plugins.io.atomic import is_complete, resolve
 
@@ -391,12 +473,13 @@ def _holds_complete_state(directory: str) -> bool:
 
 def _prune_automatic(root: str, keep: int | None, newest: str) -> None:
     """Remove what crashed saves left and, past ``keep``, the oldest checkpoints (after ``newest`` is published)."""
-    from drivetrain.plugins.io.atomic import remove, tidy
+    from drivetrain.plugins.io.atomic import being_written, remove, tidy
 
     tidy(root)  # what a crash left here (a checkpoint half deleted); the save itself tidied its own folder
     existing = [path for _, path in _existing(root) if path != newest]
     complete = [path for path in existing if _holds_complete_state(path)]
-    doomed = [path for path in existing if path not in complete]
+    # An incomplete one is a crash's leftover, unless another run saving here is writing it right now.
+    doomed = [path for path in existing if path not in complete and not being_written(path)]
     if keep is not None:
         doomed += complete[: max(0, len(complete) + 1 - keep)]
     for path in doomed:

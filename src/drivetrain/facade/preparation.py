@@ -70,6 +70,7 @@ class Preparation(ProcessControl):
         else:
             for i in models:
                 result[i] = self.prepare_model(args[i], device_placement=placements[i])
+            _check_optimizers_train_a_model([args[i] for i in optimizers], self._models)
             for i in optimizers:
                 result[i] = self.prepare_optimizer(args[i], device_placement=placements[i])
         for i, obj in enumerate(args):
@@ -339,3 +340,23 @@ class Preparation(ProcessControl):
 
 def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (LRScheduler, ReduceLROnPlateau, PreparedScheduler))
+
+
+def _check_optimizers_train_a_model(optimizers: list[Any], models: list[nn.Module]) -> None:
+    """Refuse an optimizer none of whose parameters belongs to a prepared model: training would change nothing.
+
+    At prepare() (a set of ids), never per step.
+    """
+    if not optimizers or not models:
+        return
+    own = {id(parameter) for model in models for parameter in model.parameters()}
+    for optimizer in optimizers:
+        held = [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]
+        if held and not any(id(p) in own for p in held):
+            names = ", ".join(type(model).__name__ for model in models)
+            raise ValueError(
+                f"prepare() got {type(optimizer).__name__} over {len(held)} parameter(s), none of which belongs to a "
+                f"prepared model ({names}): training would not change their weights. Build the optimizer over the "
+                f"model's parameters (torch.optim.SGD(model.parameters(), lr=...)), and prepare the model with it "
+                f"(or before it)."
+            )

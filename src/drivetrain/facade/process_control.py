@@ -174,11 +174,15 @@ class ProcessControl:
         data loader repeated to even out its last step, so metrics see each item exactly once."""
         self._require_processes("gather_for_metrics")
         strategy = self.strategy
+        loader = self.gradient_state.active_dataloader
+        # even_batches=False: the last batches may differ in size (gathered with their sizes), and
+        # the processes may differ in their number of batches, which no gather can survive.
+        uneven = strategy.world_size > 1 and loader is not None and _uneven_shares(loader)
         if use_gather_object:
             gathered = collectives.gather_object(strategy, input_data)
         else:
-            gathered = collectives.gather_leaves(strategy, input_data)
-        loader = self.gradient_state.active_dataloader
+            last = uneven and loader is not None and loader.end_of_dataloader
+            gathered = collectives.gather_leaves(strategy, input_data, uneven=last)
         if strategy.world_size > 1 and loader is not None and loader.end_of_dataloader and loader.padding:
             if use_gather_object:
                 gathered = gathered[: max(0, len(gathered) - loader.padding)]
@@ -382,3 +386,28 @@ def _checks_made(owner: weakref.ref[ProcessControl]) -> int:
     """How many times ``owner`` called ``check_preemption()`` (0 once it is gone)."""
     alive = owner()
     return alive._preemption_checks if alive is not None else 0
+
+
+def _uneven_shares(loader: Any) -> bool:
+    """Whether ``loader`` deals batches with ``even_batches=False``; a ``ValueError`` when the processes'
+    batch counts differ (each would make a different number of gathers: the longer ones would wait
+    forever in their last)."""
+    sharding = loader.batch_sampler
+    if getattr(sharding, "even_batches", True) or not callable(
+        getattr(sharding, "batches_per_process", None)
+    ):
+        return False
+    try:
+        counts = sharding.batches_per_process()
+    except TypeError:  # a batch sampler without a length: nothing to compare
+        return True
+    if len(set(counts)) > 1:
+        described = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
+        raise ValueError(
+            f"gather_for_metrics in a loop over a loader prepared with even_batches=False, which gives the processes "
+            f"different numbers of batches ({described}): a process with more batches would wait forever in its "
+            f"last gather. Use even_batches=True (the default: the last round is completed with repeated items, "
+            f"which gather_for_metrics drops), or collect the results in the loop and gather them once after it "
+            f"(accelerator.gather_for_metrics(results, use_gather_object=True))."
+        )
+    return True

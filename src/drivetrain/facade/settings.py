@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.accelerators.cpu import CPUAccelerator
 from drivetrain.strategies.launchers.overrides import accumulation_steps
 from drivetrain.strategies.step_policy import check_accumulation_steps
 
@@ -154,6 +153,8 @@ def choose_accelerator(accelerator: Any, cpu: bool) -> Any:
         return accelerator
     if isinstance(accelerator, str) and accelerator in ("auto", "cpu"):
         return "cpu"
+    from drivetrain.accelerators.cpu import CPUAccelerator  # no hardware plugin is loaded before one is used
+
     if isinstance(accelerator, CPUAccelerator):
         return accelerator
     raise ValueError(

@@ -21,9 +21,9 @@ A rank blocked inside the backend cannot be interrupted, so the watchdog hands t
 ``on_stuck``, which records it and ends the process; the peers' broken connections end theirs,
 and the launcher names this rank as the cause.
 
-In debug mode every collective first exchanges its fingerprint (operation, and shape and dtype
-of each tensor) through the store, and every rank raises :class:`CollectiveMismatchError` when
-they disagree, before the backend sees anything (gloo aborts the whole process on mismatched
+In debug mode every collective first exchanges its fingerprint (operation, shape and dtype of
+each tensor, and call site) through the store, and every rank raises
+:class:`CollectiveMismatchError` when they disagree, before the backend sees anything (gloo aborts the whole process on mismatched
 sizes). A stuck wait there raises in the waiting rank itself, after ``stall_timeout`` (default
 :data:`DEBUG_STALL_TIMEOUT` in debug mode).
 """
@@ -81,6 +81,7 @@ class CollectiveMonitor:
         world_size: the number of ranks.
         debug: exchange fingerprints through the store before every collective.
         stall_timeout: seconds a collective may wait for idle ranks elsewhere (``None``: no limit).
+        debug_stall_timeout: the same while in debug mode.
         on_stuck: called from the watchdog thread with the error when a collective is stuck inside
             the backend; it is expected to end the process.
     """
@@ -94,6 +95,7 @@ class CollectiveMonitor:
         *,
         debug: bool = False,
         stall_timeout: float | None = STALL_TIMEOUT,
+        debug_stall_timeout: float | None = DEBUG_STALL_TIMEOUT,
         on_stuck: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.store = store
@@ -102,6 +104,7 @@ class CollectiveMonitor:
         self.world_size = world_size
         self.debug = debug and store is not None and world_size > 1
         self.stall_timeout = stall_timeout
+        self.debug_stall_timeout = debug_stall_timeout
         #: The collective this rank is in, while it runs: the fields of :class:`InFlight`, as a plain
         #: tuple (cheapest to make; the watchdog makes the named tuple).
         self.current: tuple[int, str, Any, FrameType | None, float] | None = None
@@ -140,7 +143,17 @@ class CollectiveMonitor:
         if flight.seq > 2:  # every rank read seq-2's keys before writing seq-1's, which we have read
             store.delete_key(self._key("fp", flight.seq - 2, self.rank))
         if all(_comparable(f) == _comparable(everyone[0]) for f in everyone):
-            return
+            if all(f["site"] == everyone[0]["site"] for f in everyone):
+                return
+            # The same operation on tensors of one shape, from different places: typically a rank
+            # skipped one call (an `if` on the rank) and pairs its next one with the others' skipped
+            # one, which would mix unrelated values without any error until later.
+            raise CollectiveMismatchError(
+                f"Collective #{flight.seq} is called from different places on different ranks: "
+                f"{_grouped([_describe(f) for f in everyone])} (checked before it reached the backend). The "
+                f"values would be combined with those of another call: did a rank skip a collective? Every rank must "
+                f"make the same collective calls in the same order (debug mode also compares where they are made)."
+            )
         raise CollectiveMismatchError(
             f"Collective #{flight.seq} differs between ranks: {_grouped([_describe(f) for f in everyone])} (checked "
             f"before it reached the backend). Every rank must call the same collectives, in the same order, with "
@@ -226,7 +239,9 @@ class CollectiveMonitor:
                 if suspect != (flight.seq, message):
                     suspect = (flight.seq, message)  # confirm on the next tick: states may be a tick old
                     continue
-            elif self.stall_timeout is None or now - flight.started < self.stall_timeout:
+            elif (limit := self.debug_stall_timeout if self.debug else self.stall_timeout) is None or (
+                now - flight.started < limit
+            ):
                 continue
             kind = CollectiveMismatchError if deadlock else CollectiveStuckError
             self._give_up(kind(f"Rank {self.rank}: {message}"))

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from drivetrain._utilities.renamed import sync_renamed_hooks
-from drivetrain.strategies.collective_monitor import CollectiveMonitor
+from drivetrain.strategies.collective_monitor import DEBUG_STALL_TIMEOUT, STALL_TIMEOUT, CollectiveMonitor
 from drivetrain.strategies.collectives import (
     all_gather_checked,
     all_gather_objects,
@@ -70,7 +70,8 @@ class ParallelStrategy(Strategy):
             ``start_method``, ``process_group_backend``, ``timeout``, ``stall_timeout``,
             ``debug_collectives``): see :class:`~drivetrain.strategies.process_group_options.ProcessGroupArguments`.
             ``stall_timeout`` and ``debug_collectives`` are explained in
-            :mod:`drivetrain.strategies.collective_monitor`.
+            :mod:`drivetrain.strategies.collective_monitor`; ``stall_timeout`` left at its default is 10 s
+            while ``debug_collectives`` is on.
 
     Subclasses may override :meth:`set_world_ranks` and :meth:`release_communication_state`.
     """
@@ -234,7 +235,9 @@ class ParallelStrategy(Strategy):
     def setup_environment(self) -> None:
         launcher_pid = self.cluster_environment.launcher_pid
         if launcher_pid is not None:
-            die_with_parent(launcher_pid)  # torchrun killed with -9 must not leave this rank training on
+            die_with_parent(
+                launcher_pid, self.global_rank
+            )  # torchrun killed with -9 must not leave this rank training on
         super().setup_environment()
         self.setup_process_group()
 
@@ -276,6 +279,10 @@ class ParallelStrategy(Strategy):
             self.world_size,
             debug=self.debug_collectives,
             stall_timeout=self.stall_timeout,
+            # Left at its default (the very constant, not an equal number given), debug mode waits less.
+            debug_stall_timeout=DEBUG_STALL_TIMEOUT
+            if self.stall_timeout is STALL_TIMEOUT
+            else self.stall_timeout,
             on_stuck=self._end_stuck_rank,
         )
         self._monitor.start()

@@ -10,6 +10,7 @@ them (:func:`checkpoint_into_state`). Modules and optimizers go through the stra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,13 @@ def checkpoint_into_state(
             continue
         saved = checkpoint[name]
         if isinstance(target, nn.Module):
-            strategy.load_module_state_dict(target, saved, strict=strict)
+            try:
+                strategy.load_module_state_dict(target, saved, strict=strict)
+            except RuntimeError as error:
+                explained = explain_size_mismatch(error, type(strategy.unwrap_module(target)).__name__)
+                if explained is None:
+                    raise
+                raise explained from None
         elif isinstance(target, Optimizer):
             strategy.load_optimizer_state(target, saved)
         elif callable(getattr(target, "load_state_dict", None)):
@@ -59,6 +66,33 @@ def checkpoint_into_state(
         else:
             state[name] = saved  # plain values come back through the dict
     return {name: value for name, value in checkpoint.items() if name not in state}
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from checkpoint, "
+    r"the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
+
+
+def explain_size_mismatch(error: RuntimeError, model: str) -> ValueError | None:
+    """The error to raise when ``load_state_dict`` refused weights of other shapes (``None``: another failure)."""
+    found = _SIZE_MISMATCH.findall(str(error))
+    if not found:
+        return None
+    shown = "; ".join(
+        f"{name}: {_shape(saved)} in the checkpoint, {_shape(own)} in the model"
+        for name, saved, own in found[:3]
+    )
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return ValueError(
+        f"The checkpoint's weights do not fit {model}: {shown}{more}. The checkpoint was saved from a model built "
+        f"with other sizes (other hyperparameters or layers). Build the model as it was when the checkpoint was "
+        f"saved; loading with strict=False does not skip weights of another shape."
+    )
+
+
+def _shape(text: str) -> str:
+    return "(" + ", ".join(part.strip() for part in text.strip("[]").split(",") if part.strip()) + ")"
 
 
 def read_through(

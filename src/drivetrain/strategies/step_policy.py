@@ -244,7 +244,34 @@ class StepFunctions(NamedTuple):
 
 def plain_backward(tensor: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
     """``tensor.backward()``: the core's backward when neither the strategy nor the precision changes it."""
-    tensor.backward(*args, **kwargs)
+    try:  # free unless it raises (Python 3.11+): the explanation costs nothing per step
+        tensor.backward(*args, **kwargs)
+    except RuntimeError as error:
+        explained = explain_backward_failure(error, tensor)
+        if explained is None:
+            raise
+        raise explained from None  # torch's own traceback is the autograd engine's
+
+
+def explain_backward_failure(error: RuntimeError, loss: Any) -> Exception | None:
+    """An error that says what was wrong with a backward pass torch refused, and the fix (``None``: unknown).
+
+    Read only once the backward has failed.
+    """
+    text = str(error)
+    if "grad can be implicitly created only for scalar outputs" in text and isinstance(loss, Tensor):
+        return ValueError(
+            f"backward needs the loss as one number, but it has shape {tuple(loss.shape)} ({loss.numel()} values). "
+            f"Reduce it first: loss.mean() or loss.sum() (torch's loss functions reduce unless given "
+            f"reduction='none', which keeps one value per item)."
+        )
+    if "backward through the graph a second time" in text:
+        return RuntimeError(
+            "backward ran a second time through a graph the first backward already freed (the same loss, or one "
+            "computed from the same forward pass). Call backward once per forward pass: add the losses and call it "
+            "once (loss = loss_a + loss_b), or pass retain_graph=True to the first backward if both are needed."
+        )
+    return None
 
 
 def plain_optimizer_step(

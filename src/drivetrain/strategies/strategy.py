@@ -27,6 +27,7 @@ from drivetrain.strategies.module_init import skip_parameter_init
 from drivetrain.strategies.state_dicts import checkpoint_into_state, read_through, state_to_checkpoint
 from drivetrain.strategies.step_policy import (
     StepFunctions,
+    explain_backward_failure,
     plain_backward,
     plain_optimizer_step,
     unscale_and_clip,
@@ -288,8 +289,14 @@ class Strategy(StrategyCapabilities):
 
     def backward(self, tensor: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
         precision = self.precision
-        tensor = precision.pre_backward(tensor, module)
-        precision.backward(tensor, module, *args, **kwargs)
+        try:  # free unless it raises (Python 3.11+)
+            tensor = precision.pre_backward(tensor, module)
+            precision.backward(tensor, module, *args, **kwargs)
+        except RuntimeError as error:
+            explained = explain_backward_failure(error, tensor)
+            if explained is None:
+                raise
+            raise explained from None  # torch's own traceback is the autograd engine's
         precision.post_backward(tensor, module)
 
     def optimizer_step(

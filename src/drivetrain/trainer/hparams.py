@@ -176,5 +176,16 @@ def load_module_from_checkpoint(
     model = cls(**hparams)
     model.configure_model()
     model.on_load_checkpoint(checkpoint)
-    model.load_state_dict(checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict)
+    try:
+        model.load_state_dict(
+            checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict
+        )
+    except RuntimeError as error:
+        from drivetrain.strategies.state_dicts import explain_size_mismatch
+
+        explained = explain_size_mismatch(error, cls.__name__)
+        if explained is None:
+            raise
+        overridden = f" (overridden here: {', '.join(map(repr, overrides))})" if overrides else ""
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint('{path}'): {explained}{overridden}") from None
     return model

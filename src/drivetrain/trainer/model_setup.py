@@ -54,9 +54,19 @@ def setup_model(
 
     def configure_optimizers() -> list[Optimizer]:
         # The core calls this once the module is converted and placed, before wrapping it.
-        optimizers, configs = parse_configure_optimizers(
-            module.configure_optimizers(), f"{type(module).__name__}.configure_optimizers()"
-        )
+        where = f"{type(module).__name__}.configure_optimizers()"
+        try:
+            returned = module.configure_optimizers()
+        except ValueError as error:
+            if "empty parameter list" not in str(error) or any(True for _ in module.parameters()):
+                raise
+            raise ValueError(
+                f"{where} built an optimizer over no parameters: {type(module).__name__} has none (nothing to "
+                f"train). Create its layers in __init__ as attributes (self.layer = nn.Linear(...)) or in "
+                f"configure_model(); a module with nothing to train is run with validate, test or predict, not fit."
+            ) from None
+        optimizers, configs = parse_configure_optimizers(returned, where)
+        _check_optimizers_train_the_module(module, optimizers, where)
         built.extend(optimizers)
         schedulers.extend(configs)
         return built
@@ -68,6 +78,25 @@ def setup_model(
                 if config.scheduler.optimizer is before:
                     config.scheduler.optimizer = after
     return model, set_up, schedulers
+
+
+def _check_optimizers_train_the_module(module: nn.Module, optimizers: list[Optimizer], where: str) -> None:
+    """Refuse an optimizer none of whose parameters is the module's: fit would run and change nothing.
+
+    Once per fit, at set-up (a set of ids).
+    """
+    own = {id(parameter) for parameter in module.parameters()}
+    if not own:
+        return
+    for optimizer in optimizers:
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        if held and not any(id(p) in own for p in held):
+            raise ValueError(
+                f"{where} returned {type(optimizer).__name__} over {len(held)} parameter(s), none of which belongs "
+                f"to {type(module).__name__}: training would not change the module's weights. Build the optimizer "
+                f"over the module's own parameters (torch.optim.SGD(self.parameters(), lr=...)), not over a "
+                f"module created inside configure_optimizers or elsewhere."
+            )
 
 
 def _sync_batchnorm(trainer: Trainer, module: nn.Module) -> None:

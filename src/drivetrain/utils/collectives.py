@@ -52,20 +52,34 @@ def map_tensors(data: Any, function: Callable[[Tensor], Any], operation: str) ->
     )
 
 
-def gather(strategy: Strategy, data: Any) -> Any:
+def gather(strategy: Strategy, data: Any, uneven: bool = False) -> Any:
     """Concatenate every tensor of ``data`` from all processes along the first dimension.
 
     0-dimensional tensors become 1-dimensional (one value per process). Tensors whose shapes or
-    dtypes differ between processes raise a ``ValueError`` naming the ranks (from the strategy).
+    dtypes differ between processes raise a ``ValueError`` naming the ranks (from the strategy),
+    unless ``uneven``: then their first dimensions may differ (the last batches of a loader with
+    ``even_batches=False``), at the cost of one more collective per tensor.
     """
     if strategy.world_size == 1:
         return map_tensors(data, lambda tensor: tensor, "gather")
 
     def one(tensor: Tensor) -> Tensor:
+        if uneven and tensor.dim() > 0:
+            return _gather_uneven(strategy, tensor)
         stacked = strategy.all_gather(tensor)
         return stacked if tensor.dim() == 0 else stacked.reshape(-1, *tensor.shape[1:])
 
     return map_tensors(data, one, "gather")
+
+
+def _gather_uneven(strategy: Strategy, tensor: Tensor) -> Tensor:
+    sizes = strategy.all_gather(torch.tensor(tensor.shape[0], device=tensor.device)).tolist()
+    longest = max(sizes)
+    if tensor.shape[0] < longest:
+        filler = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        tensor = torch.cat([tensor, filler])
+    stacked = strategy.all_gather(tensor)
+    return torch.cat([stacked[rank, :size] for rank, size in enumerate(sizes)])
 
 
 def gather_object(strategy: Strategy, obj: Any) -> Any:
@@ -78,21 +92,21 @@ def gather_object(strategy: Strategy, obj: Any) -> Any:
     return gathered
 
 
-def gather_leaves(strategy: Strategy, data: Any) -> Any:
-    """Gather each leaf of ``data`` its own way: tensors with :func:`gather`, lists of Python
-    values and other objects with :func:`gather_object`; the structure is kept."""
+def gather_leaves(strategy: Strategy, data: Any, uneven: bool = False) -> Any:
+    """Gather each leaf of ``data`` its own way: tensors with :func:`gather` (``uneven`` as there),
+    lists of Python values and other objects with :func:`gather_object`; the structure is kept."""
     if isinstance(data, Tensor):
-        return gather(strategy, data)
+        return gather(strategy, data, uneven)
     if isinstance(data, Mapping):
-        return type(data)({key: gather_leaves(strategy, value) for key, value in data.items()})  # type: ignore[call-arg]
+        return type(data)({key: gather_leaves(strategy, value, uneven) for key, value in data.items()})  # type: ignore[call-arg]
     if isinstance(data, (list, tuple)) and any(_is_structure(item) for item in data):
-        items = [gather_leaves(strategy, value) for value in data]
+        items = [gather_leaves(strategy, value, uneven) for value in data]
         return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         return dataclasses.replace(
             data,
             **{
-                f.name: gather_leaves(strategy, getattr(data, f.name))
+                f.name: gather_leaves(strategy, getattr(data, f.name), uneven)
                 for f in dataclasses.fields(data)
                 if f.init
             },

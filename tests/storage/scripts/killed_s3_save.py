@@ -1,10 +1,11 @@
 """A Trainer fit that saves to S3 and is killed (SIGKILL, by itself) in the middle of one checkpoint write.
 
-    python killed_s3_save.py DIRPATH POINT WRITE
+    python killed_s3_save.py DIRPATH POINT WRITE [TOP_K]
 
 ``POINT`` is where the ``WRITE``-th checkpoint write dies: ``upload`` (after the first part of
 its multipart upload reached the server) or ``publish`` (complete under its temporary key, just
-before it is moved to its name). The kill is armed by wrapping s3fs's own upload and move
+before it is moved to its name). ``TOP_K`` is ModelCheckpoint's ``save_top_k`` (-1, every
+checkpoint, by default); the checkpoints also save ``last.ckpt``. The kill is armed by wrapping s3fs's own upload and move
 functions; everything else is the real program against the real (local) S3 server.
 """
 
@@ -69,10 +70,11 @@ def arm(point: str, write: int) -> None:
 
 def main() -> None:
     dirpath, point, write = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    top_k = int(sys.argv[4]) if len(sys.argv) > 4 else -1
     arm(point, write)
     torch.manual_seed(0)
     checkpoint = ModelCheckpoint(
-        dirpath=dirpath, filename="{step}", save_top_k=-1, every_n_train_steps=2, save_last=True
+        dirpath=dirpath, filename="{step}", save_top_k=top_k, every_n_train_steps=2, save_last=True
     )
     trainer = quiet_trainer(max_steps=6, enable_checkpointing=True, callbacks=[checkpoint])
     trainer.fit(Heavy(), loader(regression_data(32)))

@@ -21,6 +21,13 @@ _DERIVED_PORT_MIN = 10000
 _DERIVED_PORT_MAX = 32767
 
 
+def parent_at_start() -> int:
+    """The process that started (or forked) this one, as seen when drivetrain was first imported here."""
+    import drivetrain
+
+    return drivetrain._started_by[0]
+
+
 def is_set(name: str) -> bool:
     """Whether ``name`` is present in the environment (even if empty)."""
     return name in os.environ

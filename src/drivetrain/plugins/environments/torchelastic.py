@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import os
-
 from drivetrain.plugins.environments import _environ as env
 from drivetrain.plugins.environments.launched import LaunchedEnvironment, LayoutVariables
 
@@ -56,9 +54,13 @@ class TorchElasticEnvironment(LaunchedEnvironment):
     @property
     def launcher_pid(self) -> int | None:
         """torchrun's agent, which started this process: ``DRIVETRAIN_LAUNCHER_PID`` (set by
-        ``drivetrain launch``, so a rank can tell its launcher is already gone), else the parent."""
+        ``drivetrain launch``), else the parent this process had when drivetrain was imported.
+
+        Not the parent now: an agent killed while its ranks start has been replaced by init by the
+        time a rank asks, and the orphan would wait for a rendezvous that never comes.
+        """
         given = env.get_int("DRIVETRAIN_LAUNCHER_PID", minimum=1)
-        return given if given is not None else os.getppid()
+        return given if given is not None else env.parent_at_start()
 
     @property
     def error_file(self) -> str | None:

@@ -25,6 +25,7 @@ there, and pruning deletes the marker first.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from drivetrain._utilities import paths
+from drivetrain._utilities.sizes import format_size
 from drivetrain.plugins.io.write_behind import write_behind
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.drivetrain-(?P<kind>partial|old|deleted)-(?P<token>[0-9a-f]{12})$")
@@ -229,14 +231,84 @@ def write_file(
             if verify is not None:
                 verify(tmp)
             publish_file(tmp, target)
-        except BaseException:
+        except BaseException as error:
             tmp.unlink(missing_ok=True)
+            _release(lock)  # the space of the removed file is freed once nothing holds it open
+            lock = None
+            full = _disk_full(target, write, error) if isinstance(error, Exception) else None
+            if full is not None:
+                raise full from error
             raise
         finally:
             _release(lock)
 
 
+class _Counter:
+    """A file that keeps nothing and counts the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: Any) -> int:
+        size = len(memoryview(data).cast("B"))
+        self.written += size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+def _disk_full(target: Path, write: Callable[[IO[bytes]], object], error: Exception) -> OSError | None:
+    """The error to raise instead of ``error`` when a write failed because the disk is full (else ``None``).
+
+    torch's archive writer reports a full disk as ``unexpected pos``; either way the user needs to
+    hear that the disk is full and how much the file needs, which a second, discarded
+    serialisation measures (only on this failure path).
+    """
+    codes = {getattr(e, "errno", None) for e in _chain(error)}
+    if not codes & {errno.ENOSPC, errno.EDQUOT} and "unexpected pos" not in str(error):
+        return None
+    try:
+        free = shutil.disk_usage(target.parent).free
+        counter = _Counter()
+        write(counter)  # type: ignore[arg-type]
+    except Exception:
+        return None
+    needed = counter.written
+    if errno.EDQUOT in codes:
+        why = f"Disk quota exceeded writing the checkpoint '{target}'"
+    elif errno.ENOSPC in codes or needed > free:
+        why = f"No space left on device writing the checkpoint '{target}'"
+    else:
+        return None
+    return OSError(
+        errno.EDQUOT if errno.EDQUOT in codes else errno.ENOSPC,
+        f"{why}: it needs {format_size(needed)} and '{target.parent}' has {format_size(free)} free. The "
+        f"previous checkpoint under that name, if any, is untouched. Free some space (older checkpoints: "
+        f"ModelCheckpoint(save_top_k=...), ProjectConfiguration(total_limit=...)) or save to another disk.",
+    )
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def _write_remote_file(
+    path: str,
+    write: Callable[[IO[bytes]], object],
+    verify: Callable[[Any], None] | None,
+    options: StorageOptions,
+) -> None:
+    with paths.reaching(path):
+        _write_remote_file_reached(path, write, verify, options)
+
+
+def _write_remote_file_reached(
     path: str,
     write: Callable[[IO[bytes]], object],
     verify: Callable[[Any], None] | None,
@@ -330,10 +402,9 @@ def resolve(path: str | os.PathLike[str], storage_options: StorageOptions = None
     """
     if paths.is_remote(path):
         text = os.fspath(path)
-        fs, inner = paths.fresh_filesystem(text, storage_options)
-        if fs.isfile(inner):
+        if paths.isfile(text, storage_options):
             return text
-        if fs.isfile(f"{inner.rstrip('/')}/{COMPLETE_MARKER}"):
+        if paths.isfile(paths.join(text, COMPLETE_MARKER), storage_options):
             return text
         return None
     path = local_path(path)
@@ -396,6 +467,32 @@ def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = No
             leftover.unlink(missing_ok=True)
 
 
+def being_written(folder: str | os.PathLike[str]) -> bool:
+    """Whether a live writer (this process's or another's) has a temporary file open in the local ``folder``.
+
+    An incomplete checkpoint folder that is being written is not a crash's leftover: pruning it
+    would pull the folder from under its writer (two runs saving into one project folder).
+    """
+    if paths.is_remote(folder):
+        return False
+    folder = local_path(folder)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    with _in_flight_lock:
+        ours = set(_in_flight)
+        reserved = set(_reserved)
+    for name in names:
+        match = _TEMPORARY.match(name)
+        if match is None or match["kind"] != "partial":
+            continue
+        path = folder / name
+        if os.fspath(path) in ours or match["token"] in reserved or _held_by_another_process(path):
+            return True
+    return False
+
+
 def _tidy_remote(directory: str, options: StorageOptions) -> None:
     with _in_flight_lock:
         keep = set(_in_flight)
@@ -440,9 +537,8 @@ def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = 
 def _is_complete_remote(path: str, options: StorageOptions) -> bool:
     from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 
-    fs, inner = paths.fresh_filesystem(path, options)
     try:
-        if fs.isfile(inner):
+        if paths.isfile(path, options):
             check_torch_file(path, options)
             return True
         names = paths.listdir(path, options)

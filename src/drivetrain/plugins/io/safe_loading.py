@@ -171,15 +171,16 @@ def _load(source: Any, path: str | os.PathLike[str], map_location: Any, weights_
 
 def is_refusal(error: BaseException) -> bool:
     """Whether ``error`` is torch's weights-only unpickler refusing an object (not a corrupt stream)."""
-    text = str(error)
+    text = str(error).lower()
     return any(
         phrase in text
         for phrase in (
-            "Unsupported global",
+            "unsupported global",  # also torch 2.13's "unsupported GLOBAL posix.system whose module posix is blocked"
             "allowed global",
             "allowlisted",
             "unrecognized function",
-            "Unsupported class",
+            "unsupported class",
+            "is blocked",
         )
     )
 

@@ -204,7 +204,9 @@ def _run_rank(
     parent_pid: int,
     rng_states: dict[str, Any],
 ) -> None:
-    die_with_parent(parent_pid)  # a killed launcher must not leave its ranks running
+    die_with_parent(
+        parent_pid, node_rank * num_processes + local_rank
+    )  # a killed launcher must not leave its ranks running
     os.environ.update(
         worker_environment(
             local_rank=local_rank,

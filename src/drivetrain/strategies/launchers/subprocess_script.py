@@ -228,11 +228,14 @@ class SubprocessScriptLauncher(Launcher):
         with self._lock:
             if self._stopping or self._failure is not None:
                 return
+            # Reported while the lock is held: _at_exit, which ends the process with os._exit, takes
+            # the lock first, so the report of a failure it finds set is never cut off midway.
             self._failure = failure
-        _log.error(f"[drivetrain] {self._failure}; stopping the other ranks.", main_process_only=False)
+            _log.error(f"[drivetrain] {failure}; stopping the other ranks.", main_process_only=False)
+            interrupt = not self._exiting and not self._unwinding
         self.stop_children()
         # At exit, _at_exit reports the failure itself; while unwinding, launch() reports it.
-        if not self._exiting and not self._unwinding:
+        if interrupt:
             self._interrupt_main_thread()
 
     def _preempted(self, code: int) -> bool:
@@ -266,7 +269,7 @@ class SubprocessScriptLauncher(Launcher):
 
     def _raise_failure(self, signum: int, frame: Any) -> None:
         self._handled = True
-        if self._failure is not None:
+        if self._failure is not None and not self._exiting:  # not inside _at_exit, which reports it
             raise self._failure
 
     # -- stopping ----------------------------------------------------------------------------
@@ -285,7 +288,8 @@ class SubprocessScriptLauncher(Launcher):
                 process.wait()
 
     def _at_exit(self) -> None:
-        self._exiting = True
+        with self._lock:  # a watcher that decided to interrupt the main thread decided before this
+            self._exiting = True
         if self._strategy.failure is not None and not self._stopping:
             # This rank leaves with an uncaught error (launch() handles those it sees). Name the root
             # cause first: the error may only be a broken connection to a child that failed first,
@@ -327,8 +331,9 @@ class SubprocessScriptLauncher(Launcher):
             for rank, code in failed:
                 _log.error(f"[drivetrain] {_describe_exit(rank, None, code)}.", main_process_only=False)
         if failed or self._failure is not None:
-            sys.stderr.flush()
-            os._exit(1)
+            with self._lock:  # a watcher still writing its report finishes it first
+                sys.stderr.flush()
+                os._exit(1)
 
 
 def script_command() -> list[str]:

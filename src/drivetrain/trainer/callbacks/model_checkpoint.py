@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import pickle
 import re
 import time
 import warnings
@@ -521,10 +522,10 @@ class ModelCheckpoint(Callback):
         others = [paths.join(folder, n) for n in names if not last_name.fullmatch(n)]
         # Newest first: a save writes its top-k file before last.ckpt, so a crash between the two
         # leaves a top-k file newer than last.ckpt, and resuming from last would lose that step.
-        # On a tie (stores that keep whole seconds) last.ckpt is preferred.
+        modified = {p: _modified(p) for p in [*lasts, *others]}
         candidates = sorted(
             [*lasts, *(p for p in others if p not in lasts)],
-            key=lambda p: (_modified(p), p in lasts),
+            key=lambda p: (modified[p], p in lasts),
             reverse=True,
         )
         for index, candidate in enumerate(candidates):
@@ -536,6 +537,12 @@ class ModelCheckpoint(Callback):
                         UserWarning,
                         stacklevel=2,
                     )
+                # Object stores keep whole seconds: checkpoints of one second are ordered by the step
+                # they hold (read only then), last.ckpt first among equals.
+                tied = [p for p in candidates[index + 1 :] if modified[p] == modified[candidate]]
+                tied = [candidate, *(p for p in tied if is_complete(p))]
+                if len(tied) > 1:
+                    candidate = max(tied, key=lambda p: (_recorded_step(p), p in lasts))
                 return os.fspath(candidate)
         return None
 
@@ -646,6 +653,22 @@ def _default_dirpath(trainer: Trainer) -> str:
 
 def _same_file(a: str, b: str) -> bool:
     return paths.name(a) == paths.name(b) and paths.same_folder(paths.parent(a), paths.parent(b))
+
+
+def _recorded_step(path: str) -> int:
+    """The global step the checkpoint at ``path`` records (a file, or a sharded folder's state file); -1 if unreadable."""
+    from drivetrain.plugins.io.safe_loading import load_torch_file
+
+    try:
+        if paths.isdir(path):  # FSDP and DeepSpeed folders keep the plain values in one state file
+            state = load_torch_file(paths.join(path, "drivetrain_state.pt"), map_location="cpu").get(
+                "values", {}
+            )
+        else:
+            state = load_torch_file(path, map_location="cpu")
+        return int(state.get("global_step", -1))
+    except (OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError):
+        return -1
 
 
 def _modified(path: str) -> float:

@@ -249,7 +249,16 @@ class FitLoop:
             steps_before = progress.global_step
             if logging:
                 metrics.batch_step = batches_that_stepped(steps_before, progress.total_batches, manual)
-            outputs = step(batch, batch_idx, last)
+            try:  # free unless it raises (Python 3.11+)
+                outputs = step(batch, batch_idx, last)
+            except (TypeError, AttributeError) as error:
+                if batch is not None:
+                    raise
+                raise TypeError(
+                    f"The training batch {batch_idx} is None, and training_step failed on it ({type(error).__name__}: "
+                    f"{error}). The DataLoader's collate_fn returned None: make it return the batch (a function "
+                    f"without `return` returns None), or return None from training_step for a None batch to skip it."
+                ) from error
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1
