@@ -39,6 +39,9 @@ def _scored(scores: list[float]) -> Regression:
         ([5, 4, 3.99, 3.98, 3.97, 1], {"patience": 2, "min_delta": 0.05}, 4),
         ([1, 2, 3, 4, 5, 6], {"patience": 1, "mode": "max", "stopping_threshold": 3.5}, 4),
         ([1, 2, float("nan"), 4, 5, 6], {"patience": 10, "mode": "max"}, 3),
+        # divergence_threshold: a score worse than it stops at once, whatever the patience.
+        ([3, 4, 4.5, 6, 1, 1], {"patience": 10, "divergence_threshold": 5}, 4),
+        ([3, 2, 1.5, 0.5, 9, 9], {"patience": 10, "mode": "max", "divergence_threshold": 1}, 4),
     ],
 )
 def test_early_stopping(scores: list[float], kwargs: dict[str, Any], stopped_after: int) -> None:

@@ -183,6 +183,34 @@ def test_top_k_keeps_the_best_files_and_last(tmp_path: Path) -> None:
     assert result[0]["test_count"] == 64.0
 
 
+@pytest.mark.parametrize(
+    ("mode", "scores", "best"), [("min", [0.5, 0.9, 0.3], 0.3), ("max", [0.5, 0.1, 0.7], 0.7)]
+)
+def test_a_nan_score_never_ranks_above_a_real_one(
+    tmp_path: Path, mode: str, scores: list[float], best: float
+) -> None:
+    nan = float("nan")
+    values = iter([nan, scores[0], nan, scores[1], scores[2], nan])
+
+    class Scored(Regression):
+        def on_validation_epoch_end(self) -> None:
+            self.log("score", next(values))
+
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, monitor="score", mode=mode, save_top_k=2, filename="{epoch}"
+    )
+    trainer = quiet_trainer(
+        max_epochs=6, limit_train_batches=1, callbacks=[checkpoint], enable_checkpointing=True
+    )
+    trainer.fit(Scored(), loader(), loader())
+    # Epoch 0's NaN is kept only while there is room; real scores push NaN ones out and win.
+    assert checkpoint.best_model_score is not None and checkpoint.best_model_score.item() == pytest.approx(
+        best
+    )
+    assert checkpoint.best_model_path == str(tmp_path / "epoch=4.ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["epoch=1.ckpt", "epoch=4.ckpt"]
+
+
 def test_max_mode_and_slashes_in_metric_names(tmp_path: Path) -> None:
     class Accuracy(Regression):
         def on_validation_epoch_end(self) -> None:
