@@ -19,7 +19,8 @@ import drivetrain as dt
 from drivetrain.utils import ProjectConfiguration, set_seed
 from helpers.multiprocess import run_processes
 
-SAVE_AT = (1, 2)  # epoch, batch
+SAVE_AT = (1, 2)  # epoch, batch: the 15th batch, which ends a window of 3
+MID_WINDOW = (1, 3)  # the 16th: the first of a window of 3
 EPOCHS = 3
 
 
@@ -37,7 +38,9 @@ class Progress:
         self.epoch = state["epoch"]
 
 
-def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, Any]:
+def _run(
+    directory: str, resume: bool, save_at: tuple[int, int] = SAVE_AT, **accelerator_kwargs: Any
+) -> dict[str, Any]:
     accelerator = dt.Accelerator(cpu=True, **accelerator_kwargs)
     set_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
@@ -52,17 +55,19 @@ def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, A
     if resume:
         accelerator.load_state(directory)
     batches_after_save: list[list[float]] = []
+    saved_at_step = None
     while progress.epoch < EPOCHS:
         for index, (x, y) in enumerate(loader):
-            if resume or (progress.epoch, index) > SAVE_AT:
+            if resume or (progress.epoch, index) > save_at:
                 batches_after_save.append(x[:, 0].tolist())
             with accelerator.accumulate(model):
                 accelerator.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            if not resume and (progress.epoch, index) == SAVE_AT:
+            if not resume and (progress.epoch, index) == save_at:
                 accelerator.save_state(directory)
+                saved_at_step = accelerator.step
         progress.epoch += 1
     return {
         "weights": {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()},
@@ -70,6 +75,7 @@ def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, A
         "lr": scheduler.get_last_lr(),
         "scale": accelerator.strategy.precision.state_dict(),
         "next_random": torch.rand(3),
+        "saved_at_step": saved_at_step,
     }
 
 
@@ -89,12 +95,23 @@ def test_one_process_with_fp16_and_accumulation_resumes_exactly(tmp_path: Path) 
     _assert_identical(uninterrupted, _run(str(tmp_path / "state"), resume=True, **options))
 
 
+def test_a_state_saved_inside_an_accumulation_window_resumes_exactly(tmp_path: Path) -> None:
+    # Batch 16 of 3-batch windows: the state holds one batch's gradients that the window's step needs.
+    options = {"gradient_accumulation_steps": 3}
+    uninterrupted = _run(str(tmp_path / "state"), resume=False, save_at=MID_WINDOW, **options)
+    assert uninterrupted["saved_at_step"] % 3 == 1  # one batch into its window
+    _assert_identical(
+        uninterrupted, _run(str(tmp_path / "state"), resume=True, save_at=MID_WINDOW, **options)
+    )
+
+
 def _rank(rank: int, world_size: int, directory: str, resume: bool) -> dict[str, Any]:
-    return _run(directory, resume)
+    return _run(directory, resume, save_at=MID_WINDOW, gradient_accumulation_steps=3)
 
 
 @pytest.mark.multiprocess
 def test_two_processes_resume_exactly(tmp_path: Path) -> None:
+    """Inside an accumulation window, where each process holds gradients the others do not have."""
     directory = str(tmp_path / "state")
     uninterrupted = run_processes(_rank, 2, args=(directory, False))
     resumed = run_processes(_rank, 2, args=(directory, True))

@@ -135,6 +135,30 @@ def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(
     assert_same_weights(weights(resumed_model), weights(model))
 
 
+def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path: Path) -> None:
+    """A save between two optimizer steps (a preemption, or ``save_checkpoint`` from a callback) holds the
+    window's gradients so far; the resumed run completes that window as the uninterrupted one did."""
+    path = tmp_path / "mid-window.ckpt"
+
+    class SaveMidWindow(Callback):
+        def on_train_batch_end(self, trainer: dt.Trainer, *args: Any) -> None:
+            # Batch 4 of epoch 1, the second of the window 3-5: the step after batch 5 needs batch 3's gradients.
+            if trainer.fit_progress.total_batches_done == 13:
+                trainer.save_checkpoint(path)
+
+    def run(ckpt_path: Path | None = None) -> tuple[Recipe, dt.Trainer]:
+        torch.manual_seed(1)
+        model = Recipe()
+        trainer = quiet_trainer(max_epochs=3, accumulate_grad_batches=3, callbacks=[SaveMidWindow()])
+        trainer.fit(model, loader(regression_data(60), batch_size=8, shuffle=True), ckpt_path=ckpt_path)
+        return model, trainer
+
+    full_model, full = run()
+    resumed_model, resumed = run(path)
+    assert_same_weights(weights(resumed_model), weights(full_model))
+    assert resumed.global_step == full.global_step == 9  # 3 windows per epoch, the last one short
+
+
 def test_resuming_from_an_epoch_end_checkpoint(tmp_path: Path) -> None:
     torch.manual_seed(1)
     reference = Recipe()

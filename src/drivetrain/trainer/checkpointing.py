@@ -21,6 +21,7 @@ from drivetrain.strategies.checkpointing import (
     TrainingObjects,
     checkpoint_entries,
     read_checkpoint,
+    restore_window_gradients,
     write_checkpoint,
 )
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
@@ -236,6 +237,8 @@ def _restore_training_position(trainer: Trainer, process: dict[str, Any]) -> Non
     )
     if mid_epoch:
         progress.batches_done = loader.next_epoch_start
+    # Saved inside an accumulation window: the window's step still needs the gradients so far.
+    restore_window_gradients(process, [trainer._model])
 
 
 def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
@@ -261,11 +264,13 @@ def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
 def _objects(trainer: Trainer) -> TrainingObjects:
     # No set-up model in a process that launched the ranks (ddp_spawn): its module holds their weights.
     model = trainer._model if trainer._model is not None else trainer._module
+    accumulation = getattr(trainer._optimization, "accumulation", None)
     return TrainingObjects(
         models=[model],
         optimizers=trainer._optimizers,
         schedulers=[config.scheduler for config in trainer._scheduler_configs],
         dataloaders=[trainer._data.train_loader] if trainer._data.train_loader is not None else [],
+        mid_window=accumulation is not None and accumulation.mid_window,
     )
 
 
