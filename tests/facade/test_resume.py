@@ -7,6 +7,7 @@ the position, fp16 (in one process; CPU autocast) the scaler.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import drivetrain as dt
-from drivetrain.utils import ProjectConfiguration, set_seed
+from drivetrain.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from helpers.multiprocess import run_processes
 
 SAVE_AT = (1, 2)  # epoch, batch: the 15th batch, which ends a window of 3
@@ -166,3 +167,69 @@ def test_save_state_refuses_to_leave_out_an_optimizer_that_was_not_prepared(tmp_
         accelerator.save_state(tmp_path / "state")
     accelerator.register_for_checkpointing(forgotten)
     accelerator.save_state(tmp_path / "state")  # registered: saved, so nothing is left out
+
+
+# -- another number of processes: the data position converts (docs/resuming.md) ----------------------------
+def _position_run(directory: str, split: bool, save_after: int | None) -> dict[str, Any]:
+    """Iterate one shuffled epoch; save after ``save_after`` steps (and stop), or load ``directory`` first.
+
+    Returns the sample indices of every batch this process saw, and the warnings it gave.
+    """
+    accelerator = dt.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=split))
+    set_seed(0)
+    x = torch.randn(64, 4)
+    x[:, 0] = torch.arange(64.0)  # the sample's index
+    _, loader = accelerator.prepare(
+        nn.Linear(4, 1), DataLoader(TensorDataset(x, torch.zeros(64, 1)), batch_size=4, shuffle=True)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if save_after is None:
+            accelerator.load_state(directory)
+    seen = []
+    for step, (batch, _) in enumerate(loader):
+        seen.append([int(i) for i in batch[:, 0].tolist()])
+        if step + 1 == save_after:
+            accelerator.save_state(directory)
+            break
+    return {"seen": seen, "warnings": [str(w.message) for w in caught]}
+
+
+def _positions_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    results = {}
+    for split in (False, True):
+        # Resume what one process saved after 5 steps, then save after 3 (non-split) or 5 (split) steps.
+        results[split, "resumed"] = _position_run(f"{root}/one-{split}", split, save_after=None)
+        results[split, "saved"] = _position_run(f"{root}/two-{split}", split, save_after=5 if split else 3)
+    return results
+
+
+@pytest.mark.multiprocess
+def test_resuming_on_another_number_of_processes_continues_with_the_first_unseen_batch(
+    tmp_path: Path,
+) -> None:
+    """1 -> 2 and 2 -> 1 processes, batches dealt out and batches split (``split_batches=True``)."""
+    root = str(tmp_path)
+    order = {
+        split: _position_run(f"{root}/full-{split}", split, save_after=-1)["seen"] for split in (False, True)
+    }
+    assert sorted(i for batch in order[False] for i in batch) == list(range(64))  # the epoch's 16 batches
+    assert order[True] == order[False]  # one permutation, whatever the splitting
+    for split in (False, True):
+        _position_run(f"{root}/one-{split}", split, save_after=5)
+    ranks = run_processes(_positions_rank, 2, args=(root,), timeout=120)
+    warning = "was saved by 1 process(es) and is resumed by 2"
+    order_ = order[False]
+    # Dealt out, 1 -> 2: 5 batches were seen, so the epoch goes on at step 2 (batches 4 and 5): batch 4 is
+    # seen again, none is skipped.
+    for rank, result in enumerate(ranks):
+        assert result[False, "resumed"]["seen"] == [order_[k] for k in range(4 + rank, 16, 2)]
+        # Split, 1 -> 2: a step is one batch whatever the number of processes, so batch 5 comes next.
+        halves = [order_[k][2 * rank : 2 * rank + 2] for k in range(5, 16)]
+        assert result[True, "resumed"]["seen"] == halves
+        assert any(warning in w for w in result[False, "resumed"]["warnings"]) == (rank == 0)
+    # 2 -> 1: 3 steps of 2 processes dealt batches 0-5 out; 5 split steps used batches 0-4.
+    for split, first_unseen in ((False, 6), (True, 5)):
+        resumed = _position_run(f"{root}/two-{split}", split, save_after=None)
+        assert resumed["seen"] == order_[first_unseen:]
+        assert any("was saved by 2 process(es) and is resumed by 1" in w for w in resumed["warnings"])
