@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
-from drivetrain.plugins.io.atomic import resolve
+from drivetrain.plugins.io.atomic import published_at, resolve
 from drivetrain.strategies.checkpointing import (
     TrainingObjects,
     checkpoint_entries,
@@ -119,7 +119,7 @@ def _earlier_run(checkpoints: list[Any]) -> str | None:
                 newest = callback.find_last(candidate)
                 if newest is not None:
                     found.append(newest)
-    return max(found, key=paths.modified) if found else None
+    return max(found, key=published_at) if found else None
 
 
 def checkpoint_state(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
