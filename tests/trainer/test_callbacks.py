@@ -72,6 +72,19 @@ def test_early_stopping_after_mid_epoch_validations() -> None:
     assert trainer.global_step == 6  # validations after steps 2, 4, 6: the third does not improve
 
 
+def test_early_stopping_without_its_metric_warns_and_goes_on_unless_strict() -> None:
+    stopper = EarlyStopping("missing", strict=False)
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=1, callbacks=[stopper])
+    with pytest.warns(
+        UserWarning, match=r"EarlyStopping\(monitor='missing'\) found no logged metric 'missing' \(logged: "
+    ):
+        trainer.fit(Regression(), loader(), loader())
+    assert trainer.current_epoch == 2 and not trainer.should_stop
+    strict = quiet_trainer(max_epochs=2, limit_train_batches=1, callbacks=[EarlyStopping("missing")])
+    with pytest.raises(ValueError, match=r"found no logged metric 'missing' \(logged: .*val_loss"):
+        strict.fit(Regression(), loader(), loader())
+
+
 def test_learning_rate_monitor_logs_every_group(tmp_path: Path) -> None:
     class Groups(Regression):
         def configure_optimizers(self) -> Any:

@@ -306,6 +306,20 @@ def test_load_from_checkpoint_uses_saved_hyperparameters_and_overrides(tmp_path:
     assert_same_weights(weights(restored), weights(model))
 
 
+def test_hyperparameters_a_checkpoint_cannot_hold_are_left_out_with_a_warning_naming_them(
+    tmp_path: Path,
+) -> None:
+    model = Regression(lr=0.3)
+    model.hparams["tokenizer"] = object()  # not a tensor, number, string or container of them
+    trainer = quiet_trainer(
+        max_steps=2, callbacks=[ModelCheckpoint(dirpath=tmp_path, filename="c")], enable_checkpointing=True
+    )
+    with pytest.warns(UserWarning, match=r"The hyperparameters 'tokenizer' are objects .* not saved"):
+        trainer.fit(model, loader())
+    saved = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
+    assert saved["lr"] == 0.3 and "tokenizer" not in saved
+
+
 def test_a_custom_checkpoint_io_writes_the_files(tmp_path: Path) -> None:
     from drivetrain.plugins import TorchCheckpointIO
 
