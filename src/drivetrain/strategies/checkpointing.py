@@ -156,7 +156,7 @@ def _window_gradients(model: nn.Module) -> list[Any] | None:
                 stacklevel=4,
             )
             return None
-        grads.append(None if grad is None else grad.detach().clone())
+        grads.append(None if grad is None else grad.detach().to("cpu", copy=True))
     return grads
 
 
