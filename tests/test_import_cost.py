@@ -39,17 +39,20 @@ def test_importing_the_trainer_loads_only_the_trainer_and_the_module() -> None:
     loaded = _loaded("from drivetrain import Trainer, TrainingModule, DataModule")
     assert _packages(loaded) == {"drivetrain._utilities", "drivetrain.trainer"}
     trainer_modules = {m for m in loaded if m.startswith("drivetrain.trainer.")}
-    assert trainer_modules <= {
-        "drivetrain.trainer.trainer",
-        "drivetrain.trainer.module",
-        "drivetrain.trainer.loop_hooks",  # TrainingModule's mixins: the overridable loop hooks
-        "drivetrain.trainer.module_tools",  # and freeze/toggle/export helpers (parts of the class itself)
-        "drivetrain.trainer.datamodule",
-        "drivetrain.trainer.hparams",
-        "drivetrain.trainer.properties",
-        "drivetrain.trainer.run_state",  # the run state's class (its parts are imported when a Trainer is built)
-        "drivetrain.trainer.state",
-    }, "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
+    assert (
+        trainer_modules
+        <= {
+            "drivetrain.trainer.trainer",
+            "drivetrain.trainer.module",
+            "drivetrain.trainer.loop_hooks",  # TrainingModule's mixins: the overridable loop hooks
+            "drivetrain.trainer.module_tools",  # and freeze/toggle/export helpers (parts of the class itself)
+            "drivetrain.trainer.datamodule",
+            "drivetrain.trainer.hparams",
+            "drivetrain.trainer.properties",
+            "drivetrain.trainer.run_state",  # the run state's class (its parts are imported when a Trainer is built)
+            "drivetrain.trainer.state",
+        }
+    ), "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
     assert not [m for m in loaded if not m.startswith("drivetrain")], "no third-party or stdlib extras"
 
 

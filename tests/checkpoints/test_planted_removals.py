@@ -131,6 +131,21 @@ def test_a_planted_checkpoint_cannot_name_other_files_in_the_callbacks_folder(tm
         assert path.exists(), f"{path} is not a checkpoint this callback writes, yet it was deleted"
 
 
+def test_a_pending_removal_that_names_a_kept_checkpoint_leaves_it_in_place(tmp_path: Path) -> None:
+    """A name both in the files to prune and in the ranking (or ``last``) is kept: pruning never deletes
+    a checkpoint the callback still names as its best or its last, whatever the loaded state says."""
+    folder = tmp_path / "checkpoints"
+    # mode="min" on a score that grows with every step: step=2.ckpt stays the best throughout.
+    _fit(_callback(folder, mode="min"), max_steps=2)
+    best, last = str(folder / "step=2.ckpt"), str(folder / "last.ckpt")
+    _plant(folder / "last.ckpt", _callback(folder, mode="min"), pending_removals=[best, last])
+    callback = _callback(folder, mode="min")
+    _fit(callback, max_steps=6, ckpt_path="last")
+    assert callback.best_model_path == best and callback.last_model_path == last
+    assert sorted(os.listdir(folder)) == ["last.ckpt", "step=2.ckpt"]
+    assert torch.load(last, weights_only=True)["global_step"] == 6  # rewritten, then kept
+
+
 def test_a_link_in_the_folder_is_removed_as_a_link_never_followed(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     _fit(_callback(folder, save_last=False), max_steps=2)

@@ -7,6 +7,7 @@ the position, fp16 (in one process; CPU autocast) the scaler.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import drivetrain as dt
-from drivetrain.utils import ProjectConfiguration, set_seed
+from drivetrain.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from helpers.multiprocess import run_processes
 
-SAVE_AT = (1, 2)  # epoch, batch
+SAVE_AT = (1, 2)  # epoch, batch: the 15th batch, which ends a window of 3
+MID_WINDOW = (1, 3)  # the 16th: the first of a window of 3
 EPOCHS = 3
 
 
@@ -37,7 +39,9 @@ class Progress:
         self.epoch = state["epoch"]
 
 
-def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, Any]:
+def _run(
+    directory: str, resume: bool, save_at: tuple[int, int] = SAVE_AT, **accelerator_kwargs: Any
+) -> dict[str, Any]:
     accelerator = dt.Accelerator(cpu=True, **accelerator_kwargs)
     set_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
@@ -52,17 +56,19 @@ def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, A
     if resume:
         accelerator.load_state(directory)
     batches_after_save: list[list[float]] = []
+    saved_at_step = None
     while progress.epoch < EPOCHS:
         for index, (x, y) in enumerate(loader):
-            if resume or (progress.epoch, index) > SAVE_AT:
+            if resume or (progress.epoch, index) > save_at:
                 batches_after_save.append(x[:, 0].tolist())
             with accelerator.accumulate(model):
                 accelerator.backward(nn.functional.mse_loss(model(x), y))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            if not resume and (progress.epoch, index) == SAVE_AT:
+            if not resume and (progress.epoch, index) == save_at:
                 accelerator.save_state(directory)
+                saved_at_step = accelerator.step
         progress.epoch += 1
     return {
         "weights": {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()},
@@ -70,6 +76,7 @@ def _run(directory: str, resume: bool, **accelerator_kwargs: Any) -> dict[str, A
         "lr": scheduler.get_last_lr(),
         "scale": accelerator.strategy.precision.state_dict(),
         "next_random": torch.rand(3),
+        "saved_at_step": saved_at_step,
     }
 
 
@@ -89,12 +96,23 @@ def test_one_process_with_fp16_and_accumulation_resumes_exactly(tmp_path: Path) 
     _assert_identical(uninterrupted, _run(str(tmp_path / "state"), resume=True, **options))
 
 
+def test_a_state_saved_inside_an_accumulation_window_resumes_exactly(tmp_path: Path) -> None:
+    # Batch 16 of 3-batch windows: the state holds one batch's gradients that the window's step needs.
+    options = {"gradient_accumulation_steps": 3}
+    uninterrupted = _run(str(tmp_path / "state"), resume=False, save_at=MID_WINDOW, **options)
+    assert uninterrupted["saved_at_step"] % 3 == 1  # one batch into its window
+    _assert_identical(
+        uninterrupted, _run(str(tmp_path / "state"), resume=True, save_at=MID_WINDOW, **options)
+    )
+
+
 def _rank(rank: int, world_size: int, directory: str, resume: bool) -> dict[str, Any]:
-    return _run(directory, resume)
+    return _run(directory, resume, save_at=MID_WINDOW, gradient_accumulation_steps=3)
 
 
 @pytest.mark.multiprocess
 def test_two_processes_resume_exactly(tmp_path: Path) -> None:
+    """Inside an accumulation window, where each process holds gradients the others do not have."""
     directory = str(tmp_path / "state")
     uninterrupted = run_processes(_rank, 2, args=(directory, False))
     resumed = run_processes(_rank, 2, args=(directory, True))
@@ -149,3 +167,69 @@ def test_save_state_refuses_to_leave_out_an_optimizer_that_was_not_prepared(tmp_
         accelerator.save_state(tmp_path / "state")
     accelerator.register_for_checkpointing(forgotten)
     accelerator.save_state(tmp_path / "state")  # registered: saved, so nothing is left out
+
+
+# -- another number of processes: the data position converts (docs/resuming.md) ----------------------------
+def _position_run(directory: str, split: bool, save_after: int | None) -> dict[str, Any]:
+    """Iterate one shuffled epoch; save after ``save_after`` steps (and stop), or load ``directory`` first.
+
+    Returns the sample indices of every batch this process saw, and the warnings it gave.
+    """
+    accelerator = dt.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=split))
+    set_seed(0)
+    x = torch.randn(64, 4)
+    x[:, 0] = torch.arange(64.0)  # the sample's index
+    _, loader = accelerator.prepare(
+        nn.Linear(4, 1), DataLoader(TensorDataset(x, torch.zeros(64, 1)), batch_size=4, shuffle=True)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if save_after is None:
+            accelerator.load_state(directory)
+    seen = []
+    for step, (batch, _) in enumerate(loader):
+        seen.append([int(i) for i in batch[:, 0].tolist()])
+        if step + 1 == save_after:
+            accelerator.save_state(directory)
+            break
+    return {"seen": seen, "warnings": [str(w.message) for w in caught]}
+
+
+def _positions_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    results = {}
+    for split in (False, True):
+        # Resume what one process saved after 5 steps, then save after 3 (non-split) or 5 (split) steps.
+        results[split, "resumed"] = _position_run(f"{root}/one-{split}", split, save_after=None)
+        results[split, "saved"] = _position_run(f"{root}/two-{split}", split, save_after=5 if split else 3)
+    return results
+
+
+@pytest.mark.multiprocess
+def test_resuming_on_another_number_of_processes_continues_with_the_first_unseen_batch(
+    tmp_path: Path,
+) -> None:
+    """1 -> 2 and 2 -> 1 processes, batches dealt out and batches split (``split_batches=True``)."""
+    root = str(tmp_path)
+    order = {
+        split: _position_run(f"{root}/full-{split}", split, save_after=-1)["seen"] for split in (False, True)
+    }
+    assert sorted(i for batch in order[False] for i in batch) == list(range(64))  # the epoch's 16 batches
+    assert order[True] == order[False]  # one permutation, whatever the splitting
+    for split in (False, True):
+        _position_run(f"{root}/one-{split}", split, save_after=5)
+    ranks = run_processes(_positions_rank, 2, args=(root,), timeout=120)
+    warning = "was saved by 1 process(es) and is resumed by 2"
+    order_ = order[False]
+    # Dealt out, 1 -> 2: 5 batches were seen, so the epoch goes on at step 2 (batches 4 and 5): batch 4 is
+    # seen again, none is skipped.
+    for rank, result in enumerate(ranks):
+        assert result[False, "resumed"]["seen"] == [order_[k] for k in range(4 + rank, 16, 2)]
+        # Split, 1 -> 2: a step is one batch whatever the number of processes, so batch 5 comes next.
+        halves = [order_[k][2 * rank : 2 * rank + 2] for k in range(5, 16)]
+        assert result[True, "resumed"]["seen"] == halves
+        assert any(warning in w for w in result[False, "resumed"]["warnings"]) == (rank == 0)
+    # 2 -> 1: 3 steps of 2 processes dealt batches 0-5 out; 5 split steps used batches 0-4.
+    for split, first_unseen in ((False, 6), (True, 5)):
+        resumed = _position_run(f"{root}/two-{split}", split, save_after=None)
+        assert resumed["seen"] == order_[first_unseen:]
+        assert any("was saved by 2 process(es) and is resumed by 1" in w for w in resumed["warnings"])

@@ -138,6 +138,34 @@ def test_resume_from_last_passes_over_a_damaged_remote_checkpoint(memory_root: s
     assert resumed.global_step == 8  # from step=4.ckpt, not from scratch
 
 
+def _sharded_folder(path: str) -> None:
+    """A published sharded checkpoint folder as object storage holds it (its shards left out)."""
+    with fsspec.open(f"{path}/drivetrain_state.pt", "wb") as file:
+        torch.save({"format": "drivetrain-fsdp-sharded"}, file)
+    with fsspec.open(f"{path}/.drivetrain-complete", "wb"):
+        pass
+
+
+def test_the_newest_published_remote_folder_is_last(memory_root: str, local_dir: Path) -> None:
+    """A sharded checkpoint in object storage is a folder of objects: it was published when its completion
+    marker was written (folders have no time of their own there). ``find_last`` orders by that; on a tie
+    (S3 keeps whole seconds) the later name, numbers compared as numbers."""
+    folder = f"{memory_root}/ckpts"
+    for name in ("score=0.9.ckpt", "score=0.1.ckpt"):  # written in this order; the names sort the other way
+        _sharded_folder(f"{folder}/{name}")
+    assert ModelCheckpoint(dirpath=folder, filename="{score}").find_last() == f"{folder}/score=0.1.ckpt"
+    tied = f"{memory_root}/tied"
+    markers = fsspec.filesystem("memory").store
+    second = None
+    for name in ("step=3.ckpt", "step=6.ckpt", "step=12.ckpt"):
+        _sharded_folder(f"{tied}/{name}")
+        marker = markers[f"/{tied.split('://', 1)[1]}/{name}/.drivetrain-complete"]
+        second = second or marker.modified.replace(microsecond=0)
+        marker.modified = second  # all published within one second
+        assert ModelCheckpoint(dirpath=tied, filename="{step}").find_last() == f"{tied}/{name}"
+    assert os.listdir(local_dir) == []
+
+
 class _Unpicklable:
     def __reduce__(self) -> Any:
         raise RuntimeError("cannot pickle this")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,70 @@ def test_drivetrain_plot_of_a_run_on_s3_says_where_the_png_went(
     assert main(["plot", run, "-o", str(tmp_path / "here.png")]) == 0
     assert (tmp_path / "here.png").read_bytes().startswith(b"\x89PNG")
     assert "remote storage" not in capsys.readouterr().out
+
+
+# -- a sharded folder without its completion marker is not a checkpoint ---------------------------------
+class _StartStep(Callback):
+    def on_train_start(self, trainer: dt.Trainer, module: Any) -> None:
+        self.step = trainer.global_step
+
+
+def _unpublished_program(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    import s3fs
+
+    def fit(folder: str, max_steps: int, ckpt_path: str | None = None) -> int:
+        torch.manual_seed(0)
+        start = _StartStep()
+        checkpoint = ModelCheckpoint(
+            dirpath=f"{root}/{folder}", every_n_train_steps=2, save_top_k=-1, filename="{step}"
+        )
+        trainer = quiet_trainer(
+            strategy="fsdp",
+            devices=world_size,
+            max_steps=max_steps,
+            enable_checkpointing=True,
+            callbacks=[start, checkpoint],
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(Regression(), loader(regression_data(32), batch_size=4), ckpt_path=ckpt_path)
+        result.setdefault("warnings", []).extend(str(w.message) for w in caught)
+        return start.step
+
+    def unpublish(checkpoint: str) -> None:
+        """What a crash between writing a folder's last shard and its marker leaves."""
+        torch.distributed.barrier()
+        if rank == 0:
+            s3fs.S3FileSystem(skip_instance_cache=True).rm(f"{root[5:]}/{checkpoint}/.drivetrain-complete")
+        torch.distributed.barrier()
+
+    result: dict[str, Any] = {}
+    fit("a", 4)
+    result["listed"] = listing(f"{root}/a")
+    result["newest"] = fit("a", 4, "last")  # folders step=2.ckpt and step=4.ckpt: the newer one
+    unpublish("a/step=4.ckpt")
+    try:
+        fit("a", 4, f"{root}/a/step=4.ckpt")
+        result["explicit"] = "loaded"
+    except FileNotFoundError as error:
+        result["explicit"] = str(error)
+    result["last"] = fit("a", 4, "last")  # step=4.ckpt is not published: step=2.ckpt is the newest
+    # The only folder in b is not published: "last" finds no checkpoint, and the fit starts afresh.
+    fit("b", 2)
+    unpublish("b/step=2.ckpt")
+    result["only_unpublished"] = fit("b", 2, "last")
+    return result
+
+
+def test_a_sharded_folder_without_its_completion_marker_is_never_read(s3_bucket: str) -> None:
+    root = f"{s3_bucket}/unpublished"
+    for rank, result in enumerate(run_processes(_unpublished_program, 2, args=(root,), timeout=180)):
+        assert "step=4.ckpt/.drivetrain-complete" in result["listed"]
+        assert result["newest"] == 4
+        assert result["explicit"].startswith(f"ckpt_path='{root}/a/step=4.ckpt' does not exist"), result[
+            "explicit"
+        ]
+        assert result["last"] == 2
+        assert result["only_unpublished"] == 0
+        if rank == 0:
+            assert any("training starts from scratch" in w for w in result["warnings"]), result["warnings"]

@@ -39,6 +39,9 @@ def _scored(scores: list[float]) -> Regression:
         ([5, 4, 3.99, 3.98, 3.97, 1], {"patience": 2, "min_delta": 0.05}, 4),
         ([1, 2, 3, 4, 5, 6], {"patience": 1, "mode": "max", "stopping_threshold": 3.5}, 4),
         ([1, 2, float("nan"), 4, 5, 6], {"patience": 10, "mode": "max"}, 3),
+        # divergence_threshold: a score worse than it stops at once, whatever the patience.
+        ([3, 4, 4.5, 6, 1, 1], {"patience": 10, "divergence_threshold": 5}, 4),
+        ([3, 2, 1.5, 0.5, 9, 9], {"patience": 10, "mode": "max", "divergence_threshold": 1}, 4),
     ],
 )
 def test_early_stopping(scores: list[float], kwargs: dict[str, Any], stopped_after: int) -> None:
@@ -67,6 +70,19 @@ def test_early_stopping_after_mid_epoch_validations() -> None:
     trainer = quiet_trainer(max_epochs=5, val_check_interval=0.25, callbacks=[stopper])
     trainer.fit(_scored([3, 2, 2, 2, 2, 2, 2, 2]), loader(), loader())
     assert trainer.global_step == 6  # validations after steps 2, 4, 6: the third does not improve
+
+
+def test_early_stopping_without_its_metric_warns_and_goes_on_unless_strict() -> None:
+    stopper = EarlyStopping("missing", strict=False)
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=1, callbacks=[stopper])
+    with pytest.warns(
+        UserWarning, match=r"EarlyStopping\(monitor='missing'\) found no logged metric 'missing' \(logged: "
+    ):
+        trainer.fit(Regression(), loader(), loader())
+    assert trainer.current_epoch == 2 and not trainer.should_stop
+    strict = quiet_trainer(max_epochs=2, limit_train_batches=1, callbacks=[EarlyStopping("missing")])
+    with pytest.raises(ValueError, match=r"found no logged metric 'missing' \(logged: .*val_loss"):
+        strict.fit(Regression(), loader(), loader())
 
 
 def test_learning_rate_monitor_logs_every_group(tmp_path: Path) -> None:

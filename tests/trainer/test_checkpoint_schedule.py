@@ -271,6 +271,27 @@ def test_early_stopping_resumes_from_the_last_checkpoint_of_an_epoch_end_validat
     assert stopping.best_score == 1.0 and stopping.wait_count == 0
 
 
+def test_early_stopping_resumes_with_the_patience_already_spent(tmp_path: Path) -> None:
+    """Checks without improvement before the checkpoint count towards the patience after the resume."""
+    scores = [1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+
+    def run(max_epochs: int, **fit: Any) -> tuple[EarlyStopping, Any]:
+        stopping = EarlyStopping(monitor="score", patience=3)
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+        trainer = quiet_trainer(
+            callbacks=[stopping, checkpoint], enable_checkpointing=True, max_epochs=max_epochs
+        )
+        trainer.fit(Scripted(scores), loader(), loader(batch_size=64), **fit)
+        return stopping, trainer
+
+    stopping, trainer = run(3)  # epochs 1 and 2 do not beat epoch 0's 1.0
+    assert stopping.wait_count == 2 and not trainer.should_stop
+    stopping, trainer = run(len(scores), ckpt_path="last")
+    # The third check without improvement (epoch 3) stops the run, as it would have without the resume.
+    assert trainer.current_epoch == 4 and stopping.stopped_epoch == 3
+    assert stopping.wait_count == 3 and stopping.best_score.item() == 1.0
+
+
 def test_scores_are_tensors_as_in_lightning_also_after_a_resume(tmp_path: Path) -> None:
     # Ported Lightning scripts read `checkpoint_callback.best_model_score.item()` and
     # `early_stopping.best_score.item()`: the scores are 0-d tensors there, and were floats here.

@@ -135,6 +135,30 @@ def test_background_saves_hold_the_weights_of_their_step_and_resume_exactly(
     assert_same_weights(weights(resumed_model), weights(model))
 
 
+def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path: Path) -> None:
+    """A save between two optimizer steps (a preemption, or ``save_checkpoint`` from a callback) holds the
+    window's gradients so far; the resumed run completes that window as the uninterrupted one did."""
+    path = tmp_path / "mid-window.ckpt"
+
+    class SaveMidWindow(Callback):
+        def on_train_batch_end(self, trainer: dt.Trainer, *args: Any) -> None:
+            # Batch 4 of epoch 1, the second of the window 3-5: the step after batch 5 needs batch 3's gradients.
+            if trainer.fit_progress.total_batches_done == 13:
+                trainer.save_checkpoint(path)
+
+    def run(ckpt_path: Path | None = None) -> tuple[Recipe, dt.Trainer]:
+        torch.manual_seed(1)
+        model = Recipe()
+        trainer = quiet_trainer(max_epochs=3, accumulate_grad_batches=3, callbacks=[SaveMidWindow()])
+        trainer.fit(model, loader(regression_data(60), batch_size=8, shuffle=True), ckpt_path=ckpt_path)
+        return model, trainer
+
+    full_model, full = run()
+    resumed_model, resumed = run(path)
+    assert_same_weights(weights(resumed_model), weights(full_model))
+    assert resumed.global_step == full.global_step == 9  # 3 windows per epoch, the last one short
+
+
 def test_resuming_from_an_epoch_end_checkpoint(tmp_path: Path) -> None:
     torch.manual_seed(1)
     reference = Recipe()
@@ -181,6 +205,34 @@ def test_top_k_keeps_the_best_files_and_last(tmp_path: Path) -> None:
     assert saved["epoch"] == 5 and saved["global_step"] == 48
     result = trainer.test(ckpt_path="best", dataloaders=loader(), verbose=False)
     assert result[0]["test_count"] == 64.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "scores", "best"), [("min", [0.5, 0.9, 0.3], 0.3), ("max", [0.5, 0.1, 0.7], 0.7)]
+)
+def test_a_nan_score_never_ranks_above_a_real_one(
+    tmp_path: Path, mode: str, scores: list[float], best: float
+) -> None:
+    nan = float("nan")
+    values = iter([nan, scores[0], nan, scores[1], scores[2], nan])
+
+    class Scored(Regression):
+        def on_validation_epoch_end(self) -> None:
+            self.log("score", next(values))
+
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, monitor="score", mode=mode, save_top_k=2, filename="{epoch}"
+    )
+    trainer = quiet_trainer(
+        max_epochs=6, limit_train_batches=1, callbacks=[checkpoint], enable_checkpointing=True
+    )
+    trainer.fit(Scored(), loader(), loader())
+    # Epoch 0's NaN is kept only while there is room; real scores push NaN ones out and win.
+    assert checkpoint.best_model_score is not None and checkpoint.best_model_score.item() == pytest.approx(
+        best
+    )
+    assert checkpoint.best_model_path == str(tmp_path / "epoch=4.ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["epoch=1.ckpt", "epoch=4.ckpt"]
 
 
 def test_max_mode_and_slashes_in_metric_names(tmp_path: Path) -> None:
@@ -252,6 +304,20 @@ def test_load_from_checkpoint_uses_saved_hyperparameters_and_overrides(tmp_path:
     restored = Regression.load_from_checkpoint(path, lr=0.01)
     assert restored.hparams.lr == 0.01 and restored.hparams.features == 4
     assert_same_weights(weights(restored), weights(model))
+
+
+def test_hyperparameters_a_checkpoint_cannot_hold_are_left_out_with_a_warning_naming_them(
+    tmp_path: Path,
+) -> None:
+    model = Regression(lr=0.3)
+    model.hparams["tokenizer"] = object()  # not a tensor, number, string or container of them
+    trainer = quiet_trainer(
+        max_steps=2, callbacks=[ModelCheckpoint(dirpath=tmp_path, filename="c")], enable_checkpointing=True
+    )
+    with pytest.warns(UserWarning, match=r"The hyperparameters 'tokenizer' are objects .* not saved"):
+        trainer.fit(model, loader())
+    saved = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]
+    assert saved["lr"] == 0.3 and "tokenizer" not in saved
 
 
 def test_a_custom_checkpoint_io_writes_the_files(tmp_path: Path) -> None:

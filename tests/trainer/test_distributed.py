@@ -6,16 +6,18 @@ Every launch checks several things, since starting processes is the expensive pa
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 import drivetrain as dt
 from drivetrain.strategies import DDPStrategy
-from drivetrain.trainer import EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
+from drivetrain.trainer import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from helpers.multiprocess import run_processes
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data, weights
 
@@ -263,3 +265,135 @@ def test_fsdp_through_the_core_contract(tmp_path: Path) -> None:
         assert full[0] == resumed[0] == 8  # 8 batches per epoch, a step every 2
         assert full[1] == resumed[1]  # the resumed run ends where the uninterrupted one did
         assert full[2] == ["step=3.ckpt", "step=6.ckpt"] and resumed[2] == ["step=6.ckpt"]
+
+
+# -- one launch for several promises: hooked steps skip the all-reduce inside an accumulation window,
+# -- resuming on another number of processes, a mid-window resume, ranks stopping together ----------
+class HookedStep(Regression):
+    """Overrides optimizer_step, so the Trainer takes its general (hooked) step path."""
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        optimizer.step(closure=optimizer_closure)
+
+
+class GradientsAtBatchEnd(Callback):
+    def __init__(self) -> None:
+        self.grads: list[torch.Tensor] = []
+
+    def on_train_batch_end(self, trainer: dt.Trainer, module: Any, *args: Any) -> None:
+        self.grads.append(module.net[0].weight.grad.detach().clone())
+
+
+class BatchesSeen(Callback):
+    """The sample indices (the first feature) of every training batch, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def on_train_batch_start(self, trainer: dt.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append([int(i) for i in batch[0][:, 0].tolist()])
+
+
+class SaveAtBatch(Callback):
+    def __init__(self, path: str, batches: int) -> None:
+        self.path, self.batches = path, batches
+
+    def on_train_batch_end(self, trainer: dt.Trainer, *args: Any) -> None:
+        if trainer.fit_progress.total_batches_done == self.batches:
+            trainer.save_checkpoint(self.path)
+
+
+def indexed_data() -> TensorDataset:
+    """64 samples whose first feature is their index."""
+    data = regression_data(64)
+    data.tensors[0][:, 0] = torch.arange(64.0)
+    return data
+
+
+def positions_fit(
+    ckpt_path: str | None = None, save: SaveAtBatch | None = None, **kwargs: Any
+) -> BatchesSeen:
+    """One shuffled epoch of 16 batches (in one process), from ``ckpt_path`` if given."""
+    torch.manual_seed(0)
+    seen = BatchesSeen()
+    callbacks: list[Callback] = [seen] if save is None else [seen, save]
+    trainer = quiet_trainer(max_epochs=1, callbacks=callbacks, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Regression(), loader(indexed_data(), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+    seen.warnings = [str(w.message) for w in caught]  # type: ignore[attr-defined]
+    return seen
+
+
+class LocalScore(Regression):
+    """A score logged without reduction across processes: rank 0's improves every epoch, rank 1's never."""
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("local_score", 10.0 - self.current_epoch if self.global_rank == 0 else 5.0, sync_dist=False)
+
+
+def _hooks_resumes_and_stopping(rank: int, world: int, root: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    # Accumulating 2 batches per step, with and without an overridden optimizer_step.
+    for name, module in (("fast", Regression), ("hooked", HookedStep)):
+        torch.manual_seed(0)
+        recorder = GradientsAtBatchEnd()
+        trainer = _ddp_trainer(max_steps=2, accumulate_grad_batches=2, callbacks=[recorder])
+        trainer.fit(module(), loader(regression_data(64), batch_size=4))
+        result[name] = recorder.grads
+    # Resume what one process saved after 5 batches; save after 3 steps for one process to resume.
+    resumed = positions_fit(os.path.join(root, "one.ckpt"), strategy="ddp", devices=2)
+    result["resumed_seen"], result["resumed_warnings"] = resumed.seen, resumed.warnings
+    positions_fit(save=SaveAtBatch(os.path.join(root, "two.ckpt"), 3), strategy="ddp", devices=2, max_steps=3)
+
+    # Saved inside an accumulation window (batch 4 of 3-batch windows): each process's own gradients.
+    def window_run(ckpt_path: str | None) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = Preemptible()
+        save = SaveAtBatch(os.path.join(root, "window.ckpt"), 4)
+        trainer = _ddp_trainer(max_epochs=2, accumulate_grad_batches=3, callbacks=[save])
+        trainer.fit(model, loader(regression_data(64), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        return weights(model)
+
+    full = window_run(None)
+    result["window_same"] = all(
+        torch.equal(a, b)
+        for a, b in zip(full.values(), window_run(os.path.join(root, "window.ckpt")).values())
+    )
+    # Last: ranks that stopped apart would leave the other in a collective.
+    stopper = EarlyStopping("local_score", patience=1)
+    trainer = _ddp_trainer(max_epochs=4, limit_train_batches=2, callbacks=[stopper])
+    trainer.fit(LocalScore(), loader(), loader(regression_data(10), batch_size=4))
+    result["stopped_epoch"] = trainer.current_epoch
+    return result
+
+
+def test_hooked_no_sync_resuming_on_other_process_counts_mid_window_and_stopping_together(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path)
+    order = positions_fit().seen  # one process's epoch: 16 shuffled batches
+    assert sorted(i for batch in order for i in batch) == list(range(64))
+    positions_fit(save=SaveAtBatch(os.path.join(root, "one.ckpt"), 5), max_steps=5)
+    ranks = run_processes(_hooks_resumes_and_stopping, 2, args=(root,), timeout=150)
+    for name in ("fast", "hooked"):
+        # Batches 0 and 2 open a window: the gradients stay local (the ranks saw different data);
+        # batches 1 and 3 end one: the all-reduce made them equal.
+        first, second = ranks[0][name], ranks[1][name]
+        assert [torch.equal(a, b) for a, b in zip(first, second)] == [False, True, False, True], name
+    # 1 -> 2 processes: 5 batches were seen, so the epoch goes on at step 2 (batches 4 and 5): batch 4
+    # again, none skipped. Rank 0 warns that the run does not repeat the original.
+    for rank, result in enumerate(ranks):
+        assert result["resumed_seen"] == [order[k] for k in range(4 + rank, 16, 2)]
+        assert any("saved by 1 process(es) and is resumed by 2" in w for w in result["resumed_warnings"]) == (
+            rank == 0
+        )
+        assert result["window_same"]
+        # Rank 0's score improves every epoch, so neither rank stops early.
+        assert result["stopped_epoch"] == 4
+    # 2 -> 1: 3 steps of 2 processes used batches 0-5.
+    resumed = positions_fit(os.path.join(root, "two.ckpt"))
+    assert resumed.seen == order[6:]
+    assert any("saved by 2 process(es) and is resumed by 1" in w for w in resumed.warnings)

@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from drivetrain.plugins import MixedPrecision
+from drivetrain.trainer import Callback
 from trainer.trainer_models import (
     Regression,
     assert_same_weights,
@@ -135,3 +137,43 @@ def test_gradients_are_there_before_the_optimizer_step() -> None:
 
     quiet_trainer(max_steps=3).fit(Watch(), loader())
     assert len(norms) == 3 and all(n > 0 for n in norms)
+
+
+class OverflowAtBatch(Regression):
+    """A per-step LambdaLR; the loss of batch 1 is infinite, so under "16-mixed" its step is skipped."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("inf") if batch_idx == 1 else loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class HookedOverflowAtBatch(OverflowAtBatch):
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        optimizer.step(closure=optimizer_closure)
+
+
+@pytest.mark.parametrize("module", [OverflowAtBatch, HookedOverflowAtBatch], ids=["fast path", "hooked path"])
+def test_a_step_the_loss_scaler_skipped_does_not_advance_per_step_schedules(module: type[Regression]) -> None:
+    skipped: list[bool] = []
+
+    class Skipped(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            skipped.append(trainer.precision_plugin.last_step_skipped)
+
+    torch.manual_seed(0)
+    # A loss scale of 1: only the infinite loss of batch 1 overflows.
+    precision = MixedPrecision("16-mixed", device="cpu", scaler_kwargs={"init_scale": 1.0})
+    trainer = quiet_trainer(max_steps=4, plugins=[precision], callbacks=[Skipped()])
+    trainer.fit(module(), loader())
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert skipped == [False, True, False, False]
+    assert trainer.global_step == 4  # the skipped step counts, as in Lightning
+    assert scheduler.last_epoch == 3  # the schedule moved on for the 3 steps the optimizer took
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)

@@ -159,7 +159,12 @@ class Checkpointing(ProcessControl):
             The directory loaded.
         """
         from drivetrain.plugins.io.atomic import resolve
-        from drivetrain.strategies.checkpointing import rank_paths, read_checkpoint, restore_process_state
+        from drivetrain.strategies.checkpointing import (
+            rank_paths,
+            read_checkpoint,
+            restore_process_state,
+            restore_window_gradients,
+        )
 
         map_location = self._map_location(kwargs.pop("map_location", None))
         _no_model_kwargs("load_state", kwargs)
@@ -202,6 +207,7 @@ class Checkpointing(ProcessControl):
         _check_registered_objects(directory, loaded.rest, len(self._custom_objects))
         assert loaded.process is not None  # a full (not models-only) read
         restore_process_state(self.strategy, loaded.process, self._dataloaders, source=str(directory))
+        restore_window_gradients(loaded.process, objects.models)
         self.gradient_state.step = int(loaded.entries["accumulation_step"])
         if config.automatic_checkpoint_naming:
             config.iteration = int(loaded.entries["iteration"]) + 1
@@ -329,6 +335,7 @@ class Checkpointing(ProcessControl):
             optimizers=[optimizer.optimizer for optimizer in self._optimizers],
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
+            mid_window=self.gradient_state.mid_window,
         )
 
     # -- automatic naming ---------------------------------------------------------------------

@@ -20,6 +20,9 @@ The entries this module owns:
     one record per process, by global rank: ``{"rng": ..., "dataloaders": [...]}``, the random
     generators (:mod:`drivetrain.strategies.rng`) and each prepared loader's position. A run
     resumed on another number of processes follows :func:`~drivetrain.strategies.rng.state_for_rank`.
+    A checkpoint taken inside a gradient accumulation window (between two optimizer steps) adds
+    ``"gradients"``: each model's gradients so far in this process, one per parameter (``None``
+    for none), which the window's step still needs; the doors put them back on resume.
 
 What the doors add: the Trainer ``"epoch"``, ``"global_step"``, ``"hyper_parameters"``,
 ``"loops"``, ``"callbacks"``, ``"results"``, ``"datamodule"`` and whatever ``on_save_checkpoint``
@@ -39,6 +42,7 @@ returns. Reading is safe by default (``weights_only``); see :mod:`drivetrain.plu
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +64,7 @@ FORMAT = 1
 META = "drivetrain"
 PRECISION = "precision"
 PROCESSES = "processes"
+GRADIENTS = "gradients"
 _KINDS = ("models", "optimizers", "schedulers")
 
 
@@ -86,6 +91,9 @@ class TrainingObjects:
     schedulers: Sequence[Any] = ()
     #: Prepared data loaders whose ``state_dict`` is their position.
     dataloaders: Sequence[Any] = ()
+    #: Whether an accumulation window is open (batches since the last optimizer step): the
+    #: models' gradients are then saved with each process's record.
+    mid_window: bool = False
 
 
 @dataclass
@@ -104,12 +112,53 @@ class LoadedCheckpoint:
 
 
 # -- per-process records: the one place that decides what a process contributes ------------------
-def capture_process_state(strategy: Strategy, dataloaders: Sequence[Any] = ()) -> dict[str, Any]:
-    """This process's record: its random generators and the position of each prepared loader."""
-    return {
+def capture_process_state(
+    strategy: Strategy, dataloaders: Sequence[Any] = (), window_models: Sequence[nn.Module] = ()
+) -> dict[str, Any]:
+    """This process's record: its random generators, the position of each prepared loader and, for
+    ``window_models`` (given inside an accumulation window), their gradients so far."""
+    record: dict[str, Any] = {
         "rng": rng.capture(strategy),
         "dataloaders": [loader.state_dict() for loader in dataloaders],
     }
+    if window_models:
+        record[GRADIENTS] = [_window_gradients(model) for model in window_models]
+    return record
+
+
+def restore_window_gradients(record: dict[str, Any], models: Sequence[nn.Module]) -> None:
+    """Put back the gradients a checkpoint taken inside an accumulation window holds (else nothing)."""
+    for model, saved in zip(models, record.get(GRADIENTS) or ()):
+        if saved is None:
+            continue
+        parameters = list(model.parameters())
+        if len(saved) != len(parameters):
+            raise ValueError(
+                f"The checkpoint holds the gradients of {len(saved)} parameters for a model that has "
+                f"{len(parameters)} now; resume with the model it was saved from."
+            )
+        for parameter, grad in zip(parameters, saved):
+            parameter.grad = None if grad is None else grad.to(parameter.device)
+
+
+def _window_gradients(model: nn.Module) -> list[Any] | None:
+    import torch
+
+    grads: list[Any] = []
+    for parameter in model.parameters():
+        grad = parameter.grad
+        if grad is not None and type(grad) is not torch.Tensor:
+            # Sharded gradients (a DTensor) are kept by the strategy's own state, not here.
+            warnings.warn(
+                "This checkpoint is taken inside a gradient accumulation window, and the gradients so far are "
+                f"sharded ({type(grad).__name__}), so they are not saved: a run resumed from it starts the "
+                "window's remaining batches without them. Save at an optimizer step to resume exactly.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return None
+        grads.append(None if grad is None else grad.detach().to("cpu", copy=True))
+    return grads
 
 
 def restore_process_state(
@@ -159,7 +208,10 @@ def checkpoint_entries(
     for index, scheduler in enumerate(objects.schedulers):
         entries[scheduler_key(index)] = scheduler
     entries[PRECISION] = strategy.precision
-    entries[PROCESSES] = strategy.all_gather_object(capture_process_state(strategy, objects.dataloaders))
+    window_models = objects.models if objects.mid_window else ()
+    entries[PROCESSES] = strategy.all_gather_object(
+        capture_process_state(strategy, objects.dataloaders, window_models)
+    )
     return entries
 
 

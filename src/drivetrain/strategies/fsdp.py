@@ -365,11 +365,14 @@ class FSDPStrategy(ParallelStrategy):
         A sharded directory is read straight into the live shards, wherever they are, so
         ``map_location`` applies to a full file only.
         """
-        from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint, load_sharded
+        from drivetrain.plugins.io.safe_loading import DamagedCheckpointError
+        from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint, load_sharded, lost_its_index
 
         state = state if state is not None else {}
         if is_sharded_checkpoint(path):
             return load_sharded(self, path, state, strict, weights_only)
+        if lost_its_index(path):
+            raise DamagedCheckpointError(path, "its index of the shards (DCP's .metadata) is missing")
         if Path(path).is_dir():
             raise ValueError(
                 f"{path} is a directory but not a sharded checkpoint (no DCP .metadata inside). Pass the directory "

@@ -40,6 +40,12 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return paths.isfile(paths.join(path, ".metadata"))
 
 
+def lost_its_index(path: str | Path) -> bool:
+    """Whether the local folder ``path`` holds the parts of a sharded checkpoint but not DCP's ``.metadata``."""
+    folder = Path(path)
+    return folder.is_dir() and ((folder / STATE_FILE).is_file() or any(folder.glob("*.distcp")))
+
+
 def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]) -> None:
     """Every rank writes its shards of the modules/optimizers in ``state``; rank 0 writes the rest.
 
@@ -99,11 +105,14 @@ def load_sharded(
     )
 
     from drivetrain.plugins.io.dcp import SafeLoadPlanner, first_rank_error, storage_reader
-    from drivetrain.plugins.io.safe_loading import read_dcp_metadata
+    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, read_dcp_metadata
 
     if weights_only:
         read_dcp_metadata(path)  # every rank: a planted pickle or a missing shard fails here, not inside DCP
-    header = strategy.load_checkpoint(paths.join(path, STATE_FILE), weights_only=weights_only)
+    header_file = paths.join(path, STATE_FILE)
+    if not paths.isfile(header_file):
+        raise DamagedCheckpointError(path, f"its {STATE_FILE} (the entries not sharded) is missing")
+    header = strategy.load_checkpoint(header_file, weights_only=weights_only)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(
             f"{path} is a DCP checkpoint, but not one drivetrain's FSDPStrategy wrote ({STATE_FILE})."

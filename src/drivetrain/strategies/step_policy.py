@@ -78,6 +78,14 @@ class GradientAccumulation:
         self.sync_gradients = sync
         return sync
 
+    @property
+    def mid_window(self) -> bool:
+        """Whether the batches counted since the last step have gradients the next step still needs.
+
+        A checkpoint taken now keeps those gradients (see :mod:`drivetrain.strategies.checkpointing`).
+        """
+        return self.step % self.num_steps != 0
+
     def reset(self, batches_done: int = 0) -> None:
         """Start counting at an epoch that has already run ``batches_done`` batches (a resumed one)."""
         self.step = batches_done

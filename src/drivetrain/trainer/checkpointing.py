@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
-from drivetrain.plugins.io.atomic import resolve
+from drivetrain.plugins.io.atomic import published_at, resolve
 from drivetrain.strategies.checkpointing import (
     TrainingObjects,
     checkpoint_entries,
     read_checkpoint,
     restore_process_state,
+    restore_window_gradients,
     write_checkpoint,
 )
 from drivetrain.trainer.hooks import hook_runner
@@ -121,7 +122,7 @@ def _earlier_run(checkpoints: list[Any]) -> str | None:
                 newest = callback.find_last(candidate)
                 if newest is not None:
                     found.append(newest)
-    return max(found, key=paths.modified) if found else None
+    return max(found, key=published_at) if found else None
 
 
 def checkpoint_state(trainer: Trainer, run: RunState, weights_only: bool = False) -> dict[str, Any]:
@@ -253,6 +254,8 @@ def _restore_training_position(run: RunState, process: dict[str, Any]) -> None:
     )
     if mid_epoch:
         progress.batches_done = loader.next_epoch_start
+    # Saved inside an accumulation window: the window's step still needs the gradients so far.
+    restore_window_gradients(process, [run.model])
 
 
 def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
@@ -279,11 +282,13 @@ def _objects(run: RunState) -> TrainingObjects:
     # No set-up model in a process that launched the ranks (ddp_spawn): its module holds their weights.
     model = run.model if run.model is not None else run.module
     loader = run.data.train_loader
+    accumulation = getattr(run.optimization, "accumulation", None)
     return TrainingObjects(
         models=[model],
         optimizers=run.optimizers,
         schedulers=[config.scheduler for config in run.scheduler_configs],
         dataloaders=[loader] if loader is not None else [],
+        mid_window=accumulation is not None and accumulation.mid_window,
     )
 
 

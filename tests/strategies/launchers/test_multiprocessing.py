@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -84,3 +85,25 @@ def test_spawned_ranks_train_their_own_copy_of_a_model_passed_in() -> None:
         assert torch.equal(value, before[name])
     for name, value in _reference(3).items():
         torch.testing.assert_close(result[name], value, rtol=1e-5, atol=1e-6)
+
+
+def _open_sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open sockets through /proc")
+def test_a_failed_launch_closes_its_rendezvous_store_while_the_error_is_still_held() -> None:
+    """The launching process hosts the ranks' store; kept serving as long as the error lives (a notebook
+    keeps the last one), its thread and sockets are inherited by every later fork, which could then hang."""
+    strategy = dt.connect(accelerator="cpu", strategy="ddp_fork", devices=2)
+    before = _open_sockets()
+    with pytest.raises(ProcessFailedError) as failure:
+        strategy.launcher.launch(fail_on_rank_one, strategy)
+    assert failure.value.rank == 1
+    assert _open_sockets() == before

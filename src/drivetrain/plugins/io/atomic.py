@@ -423,6 +423,22 @@ def resolve(path: str | os.PathLike[str], storage_options: StorageOptions = None
     return None
 
 
+def published_at(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> float:
+    """When the checkpoint at ``path`` was published, as a POSIX timestamp (``-inf`` when it was not).
+
+    A remote folder has no time of its own (object stores keep objects, not folders): it is its
+    completion marker's, the object written last. Anything else: its modification time.
+    """
+    try:
+        if paths.is_remote(path):
+            fs, inner = paths.fresh_filesystem(path, storage_options)
+            if fs.isdir(inner):
+                return paths.modified(f"{os.fspath(path).rstrip('/')}/{COMPLETE_MARKER}", storage_options)
+        return paths.modified(path, storage_options)
+    except (OSError, NotImplementedError):  # removed meanwhile, or a store that keeps no times
+        return float("-inf")
+
+
 def tidy(directory: str | os.PathLike[str], storage_options: StorageOptions = None) -> None:
     """Finish interrupted folder publishes in ``directory`` and delete what crashed writes left there.
 

@@ -98,12 +98,17 @@ class MultiprocessingLauncher(Launcher):
         with tempfile.TemporaryDirectory(prefix="drivetrain-launch-") as scratch:
             result_path = os.path.join(scratch, "rank0-result.pkl")
             address = store_address(environment.main_address, spans_nodes=spans_nodes)
-            self._run(function, args, kwargs, result_path, address, port, store)
+            try:
+                self._run(function, args, kwargs, result_path, address, port, store)
+            finally:
+                # Hosted until every rank has finished, and not a moment longer, also when a rank failed:
+                # the error's traceback keeps this frame, and a store left serving in this process (its
+                # thread, its sockets) until the error is collected is inherited by every later fork.
+                store = None
             if not os.path.exists(result_path):
                 return None
             with open(result_path, "rb") as file:
                 result = pickle.load(file)
-        del store  # hosted until every rank has finished
         if isinstance(result, _Stopped):
             raise result.error  # the ranks stopped for a signal and saved: this program ends like them
         return result
@@ -153,7 +158,9 @@ class MultiprocessingLauncher(Launcher):
                 while not process_context.join():
                     pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
-            raise self._root_cause(process_context, error, store) from None
+            failure = self._root_cause(process_context, error, store)
+            del store  # see launch(): the traceback keeps this frame too
+            raise failure from None
 
     def _root_cause(
         self,

@@ -501,7 +501,7 @@ class ModelCheckpoint(Callback):
         A checkpoint a crash left incomplete or damaged is passed over (with a warning), so a resumed
         run starts from the newest one that is whole; ``None`` when there is none.
         """
-        from drivetrain.plugins.io.atomic import is_complete, is_temporary, resolve
+        from drivetrain.plugins.io.atomic import is_complete, is_temporary, published_at, resolve
 
         folder = dirpath if dirpath is not None else self.dirpath
         if folder is None or not paths.isdir(folder):
@@ -522,10 +522,13 @@ class ModelCheckpoint(Callback):
         others = [paths.join(folder, n) for n in names if not last_name.fullmatch(n)]
         # Newest first: a save writes its top-k file before last.ckpt, so a crash between the two
         # leaves a top-k file newer than last.ckpt, and resuming from last would lose that step.
-        modified = {p: _modified(p) for p in [*lasts, *others]}
+        # A remote folder is dated by its completion marker (object stores keep no folder times). On a
+        # tie (stores that keep whole seconds) the step recorded decides below, then last.ckpt, then the
+        # name that sorts last with numbers compared as numbers (step=10 after step=9).
+        modified = {p: published_at(p) for p in [*lasts, *others]}
         candidates = sorted(
             [*lasts, *(p for p in others if p not in lasts)],
-            key=lambda p: (modified[p], p in lasts),
+            key=lambda p: (modified[p], p in lasts, _natural_order(paths.name(p))),
             reverse=True,
         )
         for index, candidate in enumerate(candidates):
@@ -671,8 +674,6 @@ def _recorded_step(path: str) -> int:
         return -1
 
 
-def _modified(path: str) -> float:
-    try:
-        return paths.modified(path)
-    except (OSError, NotImplementedError):  # removed meanwhile, or a store that keeps no times
-        return -math.inf
+def _natural_order(name: str) -> tuple[Any, ...]:
+    """``name`` as a sort key in which runs of digits compare as numbers."""
+    return tuple(int(part) if index % 2 else part for index, part in enumerate(re.split(r"(\d+)", name)))
