@@ -11,6 +11,7 @@ The same programs against a real S3 API are in ``test_s3.py``.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch import nn
 
 import drivetrain as dt
 from drivetrain.loggers import CSVLogger, TensorBoardLogger
-from drivetrain.plugins.io import TorchCheckpointIO
+from drivetrain.plugins.io import TorchCheckpointIO, atomic
 from drivetrain.trainer import ModelCheckpoint
 from drivetrain.utils import ProjectConfiguration
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data, weights
@@ -181,11 +182,16 @@ def test_a_failed_remote_write_keeps_the_previous_checkpoint_and_leaves_no_parti
         io.save_checkpoint({"weights": torch.ones(1000), "bad": _Unpicklable()}, path)
     assert files(memory_root) == ["last.ckpt"]
     assert io.load_checkpoint(path)["step"] == 1
-    # A partial object a killed writer left behind is removed by the next save into the folder.
+    # A partial object a killed writer left behind is removed by a save into the folder once it is an hour
+    # old (younger, it may be another process's write in progress: object stores have no locks).
     fsspec.filesystem("memory").pipe_file(
         f"/{memory_root[9:]}/.last.ckpt.drivetrain-partial-0123456789ab", b"PK"
     )
     io.save_checkpoint({"step": torch.tensor(2)}, f"{memory_root}/other.ckpt")
+    assert len(files(memory_root)) == 3
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(atomic, "_now", lambda: time.time() + 2 * atomic.REMOTE_LEFTOVER_AGE)
+        io.save_checkpoint({"step": torch.tensor(3)}, f"{memory_root}/other.ckpt")
     assert files(memory_root) == ["last.ckpt", "other.ckpt"]
 
 

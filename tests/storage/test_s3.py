@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,17 @@ def test_a_kill_during_a_remote_checkpoint_write_leaves_the_newest_complete_chec
     trainer.fit(model, loader(regression_data(32)), ckpt_path="last")
     assert model.started_at == resumed_from
     assert trainer.global_step == 6
-    assert listing(dirpath) == kept  # the crash's leftovers are gone, and nothing stale stays
+    # No checkpoint is stale. The killed write's temporary object stays until it is an hour old: object
+    # stores have no locks, and a younger one may be another process's write in progress. A tidy then
+    # removes it (an hour on, as the tidy sees the clock).
+    from drivetrain.plugins.io import atomic
+
+    assert [name for name in listing(dirpath) if not atomic.is_temporary(name)] == kept
+    later = time.time() + 2 * atomic.REMOTE_LEFTOVER_AGE
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(atomic, "_now", lambda: later)
+        atomic.tidy(dirpath)
+    assert listing(dirpath) == kept
 
 
 # -- preemption with the run's folder in S3 ---------------------------------------------------------------
@@ -406,3 +417,32 @@ def test_a_sharded_folder_without_its_completion_marker_is_never_read(s3_bucket:
         assert result["only_unpublished"] == 0
         if rank == 0:
             assert any("training starts from scratch" in w for w in result["warnings"]), result["warnings"]
+
+
+def test_tidying_a_remote_folder_leaves_another_processs_write_in_progress(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Object stores have no locks: a temporary object or folder another process is writing (young) stays,
+    one a crash left long ago goes. A tidy of this folder used to delete both, breaking the other write."""
+    import s3fs
+
+    from drivetrain.plugins.io import atomic
+
+    root = f"{s3_bucket}/checkpoints"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    inner = root.split("://", 1)[1]
+    file_leftover = f"{inner}/.step=4.ckpt.drivetrain-partial-0123456789ab"
+    folder_leftover = f"{inner}/.step=6.ckpt.drivetrain-partial-abcdef012345"
+    fs.pipe_file(file_leftover, b"half a checkpoint")
+    fs.pipe_file(f"{folder_leftover}/__0_0.distcp", b"a rank's shard")
+    fs.pipe_file(f"{inner}/step=2.ckpt", b"a published checkpoint")
+    atomic.tidy(root)
+    assert sorted(listing(root)) == [
+        ".step=4.ckpt.drivetrain-partial-0123456789ab",
+        ".step=6.ckpt.drivetrain-partial-abcdef012345/__0_0.distcp",
+        "step=2.ckpt",
+    ]
+    later = time.time() + 2 * atomic.REMOTE_LEFTOVER_AGE
+    monkeypatch.setattr(atomic, "_now", lambda: later)  # an hour on, for drivetrain's tidy only
+    atomic.tidy(root)
+    assert listing(root) == ["step=2.ckpt"]

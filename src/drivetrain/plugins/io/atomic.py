@@ -32,6 +32,7 @@ import re
 import secrets
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -509,6 +510,13 @@ def being_written(folder: str | os.PathLike[str]) -> bool:
     return False
 
 
+#: How long a remote temporary object (or folder) must have been left unchanged before a tidy treats it
+#: as a crash's leftover. Object stores have no locks: a younger one may be another process's write in
+#: progress (a second job, a rank's shards), which the local path tells by its lock.
+REMOTE_LEFTOVER_AGE = 3600.0
+_now = time.time
+
+
 def _tidy_remote(directory: str, options: StorageOptions) -> None:
     with _in_flight_lock:
         keep = set(_in_flight)
@@ -516,8 +524,19 @@ def _tidy_remote(directory: str, options: StorageOptions) -> None:
         if _TEMPORARY.match(name) is None:
             continue
         leftover = paths.join(directory, name)
-        if leftover not in keep:
+        if leftover not in keep and _now() - _last_written(leftover, options) > REMOTE_LEFTOVER_AGE:
             paths.remove_tree(leftover, options)
+
+
+def _last_written(path: str, options: StorageOptions) -> float:
+    """When anything under the remote ``path`` (an object, or a folder of them) was last written; now if unknown."""
+    fs, inner = paths.fresh_filesystem(path, options)
+    try:
+        found = fs.find(inner, detail=True, withdirs=False) if fs.isdir(inner) else {inner: fs.info(inner)}
+        times = [paths.modified(f"{path.split('://', 1)[0]}://{key}", options) for key in found]
+    except (OSError, NotImplementedError):
+        return _now()  # unknown: never taken for a leftover
+    return max(times, default=_now())
 
 
 def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> bool:
