@@ -106,3 +106,20 @@ def _forked_ranks_start_warm(request: pytest.FixtureRequest) -> None:
         from helpers.multiprocess import import_before_fork
 
         import_before_fork()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind(request: pytest.FixtureRequest) -> object:
+    """A test that leaves a default process group in the pytest process fails, and the group goes with it.
+
+    Ranks forked later (``helpers.multiprocess``) would inherit it and refuse to join their own
+    ("trying to initialize the default process group twice"), failing every multi-process test after
+    the leaking one. A one-process parallel strategy keeps its group for the script's next entry point:
+    a test that builds one in the pytest process tears it down (``strategy.teardown()``).
+    """
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail(f"{request.node.nodeid} left a default process group in the pytest process; tear it down")

@@ -355,8 +355,6 @@ def test_notebook_and_debug_launchers_run_the_function_in_every_process(tmp_path
     assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["0 2 no cpu 3.0", "1 2 no cpu 3.0"]
     with pytest.raises(Exception, match="bad data in nowhere"):
         dt.debug_launcher(_fails, ("nowhere",))
-    with pytest.raises(ValueError, match=r"notebook_launcher\(rdzv_backend=...\) is not supported"):
-        dt.notebook_launcher(_report, ("x",), rdzv_backend="c10d")
 
 
 def test_notebook_launcher_takes_accelerates_elastic_defaults(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ def test_a_strategy_of_ones_own_runs_both_front_doors_on_two_processes(tmp_path:
 def test_a_strategy_of_ones_own_runs_every_stage_in_one_process(tmp_path: Path) -> None:
     check_stages([run_stages("grad_average", 1, str(tmp_path))], 1)
     loop = _accelerator_loop("grad_average", 1)
+    # A one-process parallel strategy keeps its group for a script's next entry point: end it here.
+    torch.distributed.destroy_process_group()
     assert loop["distributed_type"].endswith("NO")
     for name, value in _by_hand(1).items():
         torch.testing.assert_close(loop["weights"][name], value, atol=1e-6, rtol=0)
@@ -107,3 +109,4 @@ def test_callbacks_act_on_the_declared_capability_not_the_class() -> None:
     )
     trainer.fit(Regression(), loader(regression_data(16)))
     assert trainer.global_step == 2 + 1
+    trainer.strategy.teardown()
