@@ -41,6 +41,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "accelerate.utils.environment": ("drivetrain.utils",),
     "accelerate.local_sgd": ("drivetrain.utils",),
     "accelerate.logging": ("drivetrain.logging",),
+    "accelerate.tracking": ("drivetrain.tracking",),
     "accelerate.test_utils": ("shim_test_utils",),
     "accelerate.test_utils.testing": ("shim_test_utils",),
 }

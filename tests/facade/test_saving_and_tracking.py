@@ -63,7 +63,7 @@ def test_trackers_write_tensorboard_and_csv_logs(tmp_path: Path) -> None:
     for step in range(3):
         accelerator.log({"loss": torch.tensor(1.0 / (step + 1)), "val": {"acc": 0.5}}, step=step)
     accelerator.end_training()
-    csv_logger = accelerator.get_tracker("csv")
+    csv_logger = accelerator.get_tracker("csv").logger
     assert isinstance(csv_logger, CSVLogger) and Path(csv_logger.log_dir).parent == tmp_path / "digits"
     with open(csv_logger.metrics_file_path) as file:
         rows = list(csv.DictReader(file))
@@ -91,5 +91,5 @@ def test_a_logger_instance_is_used_as_a_tracker(tmp_path: Path) -> None:
     accelerator = dt.Accelerator(cpu=True, log_with=[logger])
     accelerator.init_trackers("ignored-for-instances")
     accelerator.log({"loss": 2.0}, step=0)
-    assert accelerator.get_tracker("csv") is logger
+    assert accelerator.get_tracker("csv").logger is logger
     assert Path(logger.metrics_file_path).read_text().splitlines()[1].split(",").count("2.0") == 1
