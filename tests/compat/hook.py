@@ -42,6 +42,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "accelerate.local_sgd": ("drivetrain.utils",),
     "accelerate.logging": ("drivetrain.logging",),
     "accelerate.tracking": ("drivetrain.tracking",),
+    "accelerate.hooks": ("drivetrain.hooks",),
+    "accelerate.utils.modeling": ("drivetrain.utils.modeling",),
     "accelerate.test_utils": ("shim_test_utils",),
     "accelerate.test_utils.testing": ("shim_test_utils",),
 }
