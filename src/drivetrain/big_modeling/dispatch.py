@@ -30,7 +30,6 @@ from drivetrain.big_modeling.device_map import (
     place_of,
 )
 from drivetrain.big_modeling.files import OffloadFolder, iter_checkpoint
-from drivetrain.big_modeling.sizes import get_balanced_memory
 from drivetrain.big_modeling.hooks import (
     HOOK,
     AlignDevicesHook,
@@ -38,6 +37,7 @@ from drivetrain.big_modeling.hooks import (
     add_hook_to_module,
     remove_hook_from_submodules,
 )
+from drivetrain.big_modeling.sizes import get_balanced_memory
 from drivetrain.big_modeling.tensors import (
     META,
     OffloadedWeights,
