@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.strategies.collective_errors import (
         CollectiveMismatchError as DistributedOperationException,
     )
+    from drivetrain.strategies.layout import TorchContextParallelConfig, TorchTensorParallelConfig
     from drivetrain.utils.availability import (
         is_aim_available,
         is_bf16_available,
@@ -114,7 +115,15 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         WEIGHTS_PATTERN_NAME,
     )
     from drivetrain.utils.data_loader import prepare_data_loader
-    from drivetrain.utils.dynamo import DynamoBackend, TorchDynamoPlugin, is_compiled_module
+    from drivetrain.utils.dynamo import (
+        DynamoBackend,
+        TorchDynamoPlugin,
+        compile_regions,
+        has_compiled_regions,
+        has_repeated_blocks,
+        is_compiled_module,
+        is_repeated_blocks,
+    )
     from drivetrain.utils.environment import (
         clear_environment,
         patch_environment,
@@ -148,6 +157,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
         synchronize_rng_states,
         wait_for_everyone,
     )
+    from drivetrain.utils.versions import compare_versions, is_torch_version
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -227,6 +237,8 @@ __getattr__, __dir__ = lazy_exports(
         "set_module_tensor_to_device": "drivetrain.big_modeling",
         "DistributedOperationException": "drivetrain.strategies.collective_errors:CollectiveMismatchError",
         "DataLoaderConfiguration": "drivetrain.utils.configuration",
+        "TorchContextParallelConfig": "drivetrain.strategies.layout",
+        "TorchTensorParallelConfig": "drivetrain.strategies.layout",
         "DistributedType": "drivetrain.utils.configuration",
         "GradientAccumulationPlugin": "drivetrain.utils.configuration",
         "LoggerType": "drivetrain.utils.configuration",
@@ -237,6 +249,12 @@ __getattr__, __dir__ = lazy_exports(
         "DynamoBackend": "drivetrain.utils.dynamo",
         "TorchDynamoPlugin": "drivetrain.utils.dynamo",
         "is_compiled_module": "drivetrain.utils.dynamo",
+        "compile_regions": "drivetrain.utils.dynamo",
+        "has_compiled_regions": "drivetrain.utils.dynamo",
+        "has_repeated_blocks": "drivetrain.utils.dynamo",
+        "is_repeated_blocks": "drivetrain.utils.dynamo",
+        "compare_versions": "drivetrain.utils.versions",
+        "is_torch_version": "drivetrain.utils.versions",
         "AutocastKwargs": "drivetrain.utils.kwargs_handlers",
         "DDPCommunicationHookType": "drivetrain.utils.kwargs_handlers",
         "DistributedDataParallelKwargs": "drivetrain.utils.kwargs_handlers",
@@ -319,13 +337,17 @@ __all__ = [
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
     "align_module_device",
     "broadcast",
     "broadcast_object_list",
     "check_device_map",
     "clean_device_map",
     "clear_environment",
+    "compare_versions",
+    "compile_regions",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
     "concatenate",
@@ -341,7 +363,9 @@ __all__ = [
     "get_max_memory",
     "get_non_persistent_buffers",
     "get_state_dict_offloaded_model",
+    "has_compiled_regions",
     "has_offloaded_params",
+    "has_repeated_blocks",
     "infer_auto_device_map",
     "is_aim_available",
     "is_bf16_available",
@@ -369,6 +393,7 @@ __all__ = [
     "is_peft_available",
     "is_pynvml_available",
     "is_pytest_available",
+    "is_repeated_blocks",
     "is_rich_available",
     "is_rocm_available",
     "is_safetensors_available",
@@ -378,6 +403,7 @@ __all__ = [
     "is_tensorboard_available",
     "is_timm_available",
     "is_torch_tensor",
+    "is_torch_version",
     "is_torch_xla_available",
     "is_torchao_available",
     "is_torchdata_available",
