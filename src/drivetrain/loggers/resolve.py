@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import imports
 from drivetrain.loggers.logger import Logger
 from drivetrain.loggers.registry import LoggerRegistry, logger_kind
-from drivetrain.loggers.trackers import GeneralTracker, custom_tracker_class, tracker_for_logger
+
+if TYPE_CHECKING:
+    from drivetrain.loggers.trackers import GeneralTracker
 
 __all__ = [
     "build_loggers",
@@ -36,7 +38,7 @@ __all__ = [
 
 #: A checked logger setting: registered names and logger instances (and, for the Accelerator,
 #: tracker instances), in the order given.
-LoggerSpec = list[str | Logger | GeneralTracker]
+LoggerSpec = list["str | Logger | GeneralTracker"]
 
 
 def _logger_class(name: str) -> type[Logger]:
@@ -86,11 +88,20 @@ def parse_loggers(value: Any, *, argument: str = "logger", trackers: bool = Fals
         return [default_logger_name()]
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     checked: LoggerSpec = []
+    # The tracker module only when trackers are allowed or something else than a name or a logger
+    # came: building a Trainer does not import it.
+    trackers_module = (
+        _trackers() if trackers or any(not isinstance(i, (str, Enum, Logger)) for i in items) else None
+    )
     for item in items:
         name = item.value if isinstance(item, Enum) else item
         if isinstance(name, str):
             key = name if name in LoggerRegistry else name.lower()
-            if trackers and custom_tracker_class(name) is not None:
+            if (
+                trackers_module is not None
+                and trackers
+                and trackers_module.custom_tracker_class(name) is not None
+            ):
                 names = [name]  # a user's tracker class, added to LOGGER_TYPE_TO_CLASS
             elif key == "all":
                 names = [n for n in LoggerRegistry.available() if _logger_class(n).is_available()]
@@ -103,10 +114,12 @@ def parse_loggers(value: Any, *, argument: str = "logger", trackers: bool = Fals
                     f"{_accepted(argument, trackers)}."
                 )
             checked.extend(n for n in names if n not in checked)
-        elif isinstance(item, Logger) or (trackers and isinstance(item, GeneralTracker)):
+        elif isinstance(item, Logger) or (
+            trackers and trackers_module is not None and isinstance(item, trackers_module.GeneralTracker)
+        ):
             if not any(item is c for c in checked):
                 checked.append(item)
-        elif isinstance(item, GeneralTracker):
+        elif trackers_module is not None and isinstance(item, trackers_module.GeneralTracker):
             raise TypeError(
                 f"{argument}={value!r} holds the tracker {type(item).__name__}: GeneralTracker is Accelerate's "
                 f"tracker interface, which Accelerator(log_with=...) takes. Here write a drivetrain.loggers.Logger "
@@ -117,6 +130,12 @@ def parse_loggers(value: Any, *, argument: str = "logger", trackers: bool = Fals
                 f"{argument}={value!r} holds {type(item).__name__} ({item!r}). {_accepted(argument, trackers)}."
             )
     return checked
+
+
+def _trackers() -> Any:
+    from drivetrain.loggers import trackers
+
+    return trackers
 
 
 def build_loggers(
@@ -153,7 +172,7 @@ def build_loggers(
         if isinstance(item, Logger):
             loggers.append(item)
             continue
-        if isinstance(item, GeneralTracker):
+        if not isinstance(item, str):
             raise TypeError(
                 f"build_loggers builds loggers; {type(item).__name__} is a tracker (use build_trackers)."
             )
@@ -186,6 +205,8 @@ def build_trackers(
         ValueError: options for an entry the spec does not name, or a tracker or file logger that
             needs a folder without one.
     """
+    from drivetrain.loggers.trackers import GeneralTracker, custom_tracker_class, tracker_for_logger
+
     options = dict(options or {})
     custom = {
         item: cls
