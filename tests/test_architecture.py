@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"strategies"},
     {"data", "loggers", "big_modeling", "profilers"},
     {"connector"},
-    {"utils"},  # Accelerate's public helpers: below the façade, which uses them
+    # Accelerate's public helpers and modules (accelerate.utils, .tracking, .hooks): below the façade.
+    {"utils", "tracking", "hooks"},
     {"facade", "trainer"},  # the two front doors
     {"cli"},
     {

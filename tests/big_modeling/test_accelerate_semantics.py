@@ -68,15 +68,22 @@ def test_a_map_for_gpus_is_planned_on_a_host_without_them() -> None:
     assert infer_auto_device_map(model, max_memory={0: 250, 1: 400}) == {"": 0}
     # GPUs are filled by index whatever the order given; nothing fits GPU 0 beside the kept room.
     assert infer_auto_device_map(model, max_memory={1: 500, 0: 100}) == {"": 1}
-    assert infer_auto_device_map(model, max_memory={0: 200, "cpu": 200}) == {
-        "linear1": 0,
-        "batchnorm": "cpu",
-        "linear2": "cpu",
-    }
-    # Disk is the last resort.
-    assert infer_auto_device_map(model, max_memory={0: 10, "cpu": 200}) == OrderedDict(
-        [("linear1", "cpu"), ("batchnorm", "disk"), ("linear2", "disk")]
+    # The batch norm's buffers stay in memory off the GPU and no GPU has room left for them: a warning.
+    with pytest.warns(UserWarning, match="hold 40 bytes of buffers.*offload_buffers=True"):
+        assert infer_auto_device_map(model, max_memory={0: 200, "cpu": 200}) == {
+            "linear1": 0,
+            "batchnorm": "cpu",
+            "linear2": "cpu",
+        }
+    assert (
+        infer_auto_device_map(model, max_memory={0: 200, "cpu": 200}, offload_buffers=True)["batchnorm"]
+        == "cpu"
     )
+    # Disk is the last resort.
+    with pytest.warns(UserWarning, match="hold 40 bytes of buffers"):
+        assert infer_auto_device_map(model, max_memory={0: 10, "cpu": 200}) == OrderedDict(
+            [("linear1", "cpu"), ("batchnorm", "disk"), ("linear2", "disk")]
+        )
 
 
 def test_fallback_allocation_puts_something_on_a_gpu_that_would_stay_empty() -> None:

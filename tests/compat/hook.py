@@ -41,6 +41,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     "accelerate.utils.environment": ("drivetrain.utils",),
     "accelerate.local_sgd": ("drivetrain.utils",),
     "accelerate.logging": ("drivetrain.logging",),
+    "accelerate.tracking": ("drivetrain.tracking",),
+    "accelerate.hooks": ("drivetrain.hooks",),
+    "accelerate.parallelism_config": ("drivetrain",),
+    "accelerate.utils.versions": ("drivetrain.utils",),
+    "accelerate.utils.modeling": ("drivetrain.utils.modeling",),
     "accelerate.test_utils": ("shim_test_utils",),
     "accelerate.test_utils.testing": ("shim_test_utils",),
 }

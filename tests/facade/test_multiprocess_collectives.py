@@ -111,6 +111,40 @@ def _rank(rank: int, world_size: int, scratch: str) -> dict[str, Any]:
         accelerator.gather(torch.zeros(rank + 1))
     except ValueError as error:
         out["shape_error"] = str(error)
+    out["reduce_mismatch"] = {}
+    for case, mine in {
+        "length": torch.ones(3 + rank),
+        "dims": torch.ones(2, 3) if rank == 0 else torch.ones(6),
+        "dtype": torch.ones(2, dtype=torch.float32 if rank == 0 else torch.float64),
+        "small and large": torch.ones(3 if rank == 0 else 5000),
+        "large": torch.ones(4000 + rank),
+    }.items():
+        try:
+            accelerator.reduce(mine)
+            out["reduce_mismatch"][case] = "no error"
+        except ValueError as error:
+            out["reduce_mismatch"][case] = str(error)
+    # On accelerator devices a small reduction's check is read when the next reduce starts (no wait
+    # for the device); forced here on the CPU.
+    from drivetrain.utils import checked_reduce
+
+    checked_reduce._deferred = lambda device: True  # type: ignore[assignment]
+    out["deferred"] = [accelerator.reduce(torch.ones(2 + rank)).tolist()]
+    try:
+        accelerator.reduce(torch.ones(1))
+        out["deferred"].append("no error")
+    except ValueError as error:
+        out["deferred"].append(str(error))
+    # The processes still talk after the errors; every kind of tensor reduces as before.
+    out["reduce_kinds"] = {
+        "large mean": accelerator.reduce(torch.full((5000,), float(rank + 1)), "mean")[:2].tolist(),
+        "int sum": accelerator.reduce(torch.tensor([rank + 1, 10]), "sum").tolist(),
+        "int mean": accelerator.reduce(torch.tensor([rank + 1]), "mean").tolist(),
+        "bool max": accelerator.reduce(torch.tensor([rank == 0, False]), "max").tolist(),
+        "half sum": str(accelerator.reduce(torch.tensor([0.5, 1.5], dtype=torch.float16), "sum")),
+        "complex sum": accelerator.reduce(torch.tensor([1 + 2j * rank]), "sum").tolist(),
+        "matrix product": accelerator.reduce(torch.full((2, 2), 2.0 + rank), "product").tolist(),
+    }
 
     marker = Path(scratch) / "written-by-main"
     with accelerator.main_process_first():
@@ -187,6 +221,46 @@ def test_gathering_tensors_of_different_shapes_names_the_ranks(results: list[dic
     message = results[0]["shape_error"]
     assert "rank 0: shape (1,)" in message and "rank 1: shape (2,)" in message
     assert "pad_across_processes" in message
+
+
+def test_reducing_tensors_of_different_shapes_is_an_error_naming_them_on_every_rank(
+    results: list[dict[str, Any]],
+) -> None:
+    expected = {
+        "length": ("rank 0: shape (3,), float32", "rank 1: shape (4,), float32"),
+        "dims": ("rank 0: shape (2, 3), float32", "rank 1: shape (6,), float32"),
+        "dtype": ("rank 0: shape (2,), float32", "rank 1: shape (2,), float64"),
+        "small and large": ("rank 0: shape (3,), float32", "rank 1: shape (5000,), float32"),
+        "large": ("rank 0: shape (4000,), float32", "rank 1: shape (4001,), float32"),
+    }
+    for rank, out in enumerate(results):
+        for case, shapes in expected.items():
+            message = out["reduce_mismatch"][case]
+            assert message.startswith("reduce needs tensors of the same shape and dtype"), (
+                rank,
+                case,
+                message,
+            )
+            assert all(shape in message for shape in shapes), (rank, case, message)
+    for rank, out in enumerate(results):
+        returned, message = out["deferred"]
+        assert returned == [2.0, 2.0] + [1.0] * rank  # each process's own elements, reduced where they meet
+        assert message.startswith("the previous reduce (on the device, checked when this one started) needs")
+        assert "rank 0: shape (2,), float32" in message and "rank 1: shape (3,), float32" in message
+    zero, one = results
+    assert (
+        zero["reduce_kinds"]
+        == one["reduce_kinds"]
+        == {
+            "large mean": [1.5, 1.5],
+            "int sum": [3, 20],
+            "int mean": [1.5],
+            "bool max": [True, False],
+            "half sum": "tensor([1., 3.], dtype=torch.float16)",
+            "complex sum": [(2 + 2j)],
+            "matrix product": [[6.0, 6.0], [6.0, 6.0]],
+        }
+    )
 
 
 def test_process_control(results: list[dict[str, Any]]) -> None:

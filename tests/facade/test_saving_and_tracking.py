@@ -53,8 +53,16 @@ def test_save_model_shards_past_the_limit_and_keeps_tied_weights(tmp_path: Path)
 
 
 def test_register_for_checkpointing_needs_state_methods() -> None:
-    with pytest.raises(ValueError, match=r"state_dict\(\) and load_state_dict\(\).*int \(3\)"):
-        dt.Accelerator(cpu=True).register_for_checkpointing(3)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError) as raised:
+        dt.Accelerator(cpu=True).register_for_checkpointing(
+            torch.tensor([1, 2]), model, 3, torch.optim.SGD(model.parameters(), lr=0.1)
+        )
+    # Each invalid input listed as Accelerate lists it (programs and its tests look for these lines).
+    message = str(raised.value)
+    assert "`state_dict` and `load_state_dict`" in message
+    assert "\n\t- Item at index 0, `Tensor`" in message and "\n\t- Item at index 2, `int`" in message
+    assert "Item at index 1" not in message and "Item at index 3" not in message
 
 
 def test_trackers_write_tensorboard_and_csv_logs(tmp_path: Path) -> None:
@@ -63,7 +71,7 @@ def test_trackers_write_tensorboard_and_csv_logs(tmp_path: Path) -> None:
     for step in range(3):
         accelerator.log({"loss": torch.tensor(1.0 / (step + 1)), "val": {"acc": 0.5}}, step=step)
     accelerator.end_training()
-    csv_logger = accelerator.get_tracker("csv")
+    csv_logger = accelerator.get_tracker("csv").logger
     assert isinstance(csv_logger, CSVLogger) and Path(csv_logger.log_dir).parent == tmp_path / "digits"
     with open(csv_logger.metrics_file_path) as file:
         rows = list(csv.DictReader(file))
@@ -91,5 +99,5 @@ def test_a_logger_instance_is_used_as_a_tracker(tmp_path: Path) -> None:
     accelerator = dt.Accelerator(cpu=True, log_with=[logger])
     accelerator.init_trackers("ignored-for-instances")
     accelerator.log({"loss": 2.0}, step=0)
-    assert accelerator.get_tracker("csv") is logger
+    assert accelerator.get_tracker("csv").logger is logger
     assert Path(logger.metrics_file_path).read_text().splitlines()[1].split(",").count("2.0") == 1

@@ -53,7 +53,7 @@ def test_tensorboard_by_name_writes_the_same_events_from_both_doors(tmp_path: Pa
     accelerator = _accelerator_run(tmp_path / "accelerator", "tensorboard", hparams)
 
     (from_trainer,) = trainer.loggers
-    from_accelerator = accelerator.get_tracker("tensorboard")
+    from_accelerator = accelerator.get_tracker("tensorboard").logger  # the logger behind Accelerate's tracker
     assert type(from_trainer) is type(from_accelerator) is TensorBoardLogger
     assert Path(from_trainer.log_dir) == tmp_path / "trainer" / "drivetrain_logs" / "version_0"
     assert Path(from_accelerator.log_dir) == tmp_path / "accelerator" / "drivetrain_logs" / "version_0"
@@ -107,8 +107,8 @@ def test_every_accepted_value_means_the_same_loggers_in_both_doors(
     accelerator = dt.Accelerator(cpu=True, log_with=value, project_dir=tmp_path)
     accelerator.init_trackers("drivetrain_logs")
     assert [type(logger) for logger in trainer.loggers] == expected
-    assert [type(tracker) for tracker in accelerator.trackers] == expected
-    for built in (trainer.loggers, accelerator.trackers):
+    assert [type(tracker.logger) for tracker in accelerator.trackers] == expected
+    for built in (trainer.loggers, [tracker.logger for tracker in accelerator.trackers]):
         for logger in built:
             assert logger.name in ("drivetrain_logs", None) or isinstance(logger, MLFlowLogger)
             assert logger.save_dir is not None and str(tmp_path) in logger.save_dir
@@ -130,7 +130,7 @@ def test_instances_and_names_mix_and_keep_their_order(tmp_path: Path) -> None:
     assert trainer.loggers[0] is mine and isinstance(trainer.loggers[1], TensorBoardLogger)
     accelerator = dt.Accelerator(cpu=True, log_with=["tensorboard", mine], project_dir=tmp_path)
     accelerator.init_trackers("run", init_kwargs={"tensorboard": {"flush_secs": 5}})
-    assert accelerator.trackers[1] is mine and accelerator.get_tracker("csv") is mine
+    assert accelerator.trackers[1].logger is mine and accelerator.get_tracker("csv").logger is mine
     assert accelerator.get_tracker("TensorBoardLogger") is accelerator.trackers[0]
     assert accelerator.get_tracker("tensorboard", unwrap=True) is accelerator.trackers[0].experiment
 
@@ -161,7 +161,7 @@ def test_bad_values_are_explained_the_same_way_by_both_doors(
 def _built(value: Any, root: Path) -> list[Logger]:
     accelerator = dt.Accelerator(cpu=True, log_with=value, project_dir=root)
     accelerator.init_trackers("run")
-    return accelerator.trackers
+    return [tracker.logger for tracker in accelerator.trackers]
 
 
 class Recorder(Logger):

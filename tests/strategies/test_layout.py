@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterator
+
 import pytest
+import torch.distributed as dist
 from torch import nn
 
 import drivetrain as dt
 from drivetrain.strategies import ModelParallelStrategy, ParallelismConfig, ParallelLayout, StrategyRegistry
+from drivetrain.utils import TorchContextParallelConfig, TorchTensorParallelConfig
 
 
 def test_one_size_is_inferred_from_the_world_size() -> None:
@@ -133,3 +138,93 @@ def test_the_accelerator_refuses_parallelism_settings_that_cannot_work() -> None
         dt.Accelerator(cpu=True, parallelism_config={"tp_size": 2})
     with pytest.raises(ValueError, match=r"= 4 processes, but the job has 1"):
         dt.Accelerator(cpu=True, parallelism_config=config, tp_plan={"net.0": "colwise"})
+
+
+@pytest.fixture
+def fake_job() -> Iterator[Callable[[int], None]]:
+    """A process group of N pretend ranks in this one process (torch's fake backend): meshes of any size, no peers."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(world_size: int) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# Accelerate's table (its test_dataclasses): sizes -> the mesh's shape and dimension names.
+MESHES = [
+    ((8, 1, 1, 1), (8,), ("dp_replicate",)),
+    ((1, 8, 1, 1), (8,), ("dp_shard",)),
+    ((2, 4, 1, 1), (2, 4), ("dp_replicate", "dp_shard")),
+    ((1, 4, 2, 1), (4, 2), ("dp_shard", "tp")),
+    ((2, 2, 2, 1), (2, 2, 2), ("dp_replicate", "dp_shard", "tp")),
+    ((1, 1, 8, 1), (8,), ("tp",)),
+    ((1, 1, 1, 4), (4,), ("cp",)),
+    ((1, 4, 1, 2), (4, 2), ("dp_shard", "cp")),
+    ((1, 2, 2, 2), (2, 2, 2), ("dp_shard", "cp", "tp")),
+    ((2, 2, 2, 2), (2, 2, 2, 2), ("dp_replicate", "dp_shard", "cp", "tp")),
+]
+
+
+@pytest.mark.parametrize(("sizes", "shape", "names"), MESHES)
+def test_parallelism_config_builds_accelerates_mesh(
+    fake_job: Callable[[int], None],
+    sizes: tuple[int, int, int, int],
+    shape: tuple[int, ...],
+    names: tuple[str, ...],
+) -> None:
+    replicate, shard, tp, cp = sizes
+    config = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp)
+    assert config._get_mesh() == (names, shape)
+    fake_job(replicate * shard * tp * cp)
+    device = "cuda" if cp > 1 else "cpu"  # context parallelism is CUDA's; the fake group does not care
+    mesh = config.build_device_mesh(device)
+    assert (mesh.shape, mesh.mesh_dim_names) == (shape, names)
+    assert config.get_device_mesh() is mesh and config.device_mesh is mesh
+    flattened = {name: config.flattened_meshes.get(name) for name in ("dp", "dp_shard_cp", "dp_cp")}
+    expected = {
+        "dp": config.dp_dim_names,
+        "dp_shard_cp": config.dp_shard_cp_dim_names,
+        "dp_cp": config.dp_cp_dim_names,
+    }
+    for name, dims in expected.items():
+        assert (flattened[name] is not None) == bool(dims), name
+        if dims:
+            assert flattened[name].size() == math.prod(config._size(d) for d in dims), name
+
+
+def test_parallelism_config_mesh_needs_the_right_job(fake_job: Callable[[int], None]) -> None:
+    assert ParallelismConfig().build_device_mesh("cpu") is None  # every size 1: no mesh, as in Accelerate
+    fake_job(4)
+    with pytest.raises(RuntimeError, match=r"make 2 processes, but the process group has 4"):
+        ParallelismConfig(dp_shard_size=2).build_device_mesh("cpu")
+    assert ParallelismConfig(dp_shard_size=-1, tp_size=2).build_device_mesh("cpu").shape == (2, 2)
+    with pytest.raises(ValueError, match="No device mesh is built yet"):
+        ParallelismConfig(tp_size=4).get_device_mesh()
+
+
+def test_parallelism_config_fields_and_handlers_are_accelerates() -> None:
+    config = ParallelismConfig(dp_shard_size=2, tp_size=2, cp_size=2)
+    assert (config.cp_backend, config.sp_backend, config.sp_enabled) == ("torch", "deepspeed", False)
+    assert isinstance(config.tp_handler, TorchTensorParallelConfig)
+    assert config.cp_handler == TorchContextParallelConfig("allgather")
+    assert (config.dp_dim_names, config.non_dp_dim_names, config.fsdp_dim_names) == (
+        ["dp_shard"],
+        ["tp", "cp"],
+        ["dp_shard_cp"],
+    )
+    assert (config.data_parallel_size, config.non_data_parallel_size) == (2, 4)
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+    with pytest.raises(ValueError, match="'alltoall'\\) is not supported"):
+        TorchContextParallelConfig(cp_comm_strategy="alltoall")
+    with pytest.raises(ValueError, match=r"sequence parallelism .* is not supported"):
+        ParallelismConfig(sp_size=2)
+    with pytest.raises(ValueError, match="cp_backend='ring'\\) is not supported"):
+        ParallelismConfig(cp_backend="ring")
+    with pytest.warns(UserWarning, match="asynchronous tensor parallelism is not supported"):
+        TorchTensorParallelConfig(enable_async_tp=True)

@@ -13,72 +13,36 @@ of the same names.
 
 from __future__ import annotations
 
-import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TypeAlias
 
 import torch
 from torch import nn
 
-from drivetrain._utilities.sizes import parse_size
+from drivetrain.big_modeling.places import DeviceMap, Place, as_device, check_place, place_of
+from drivetrain.big_modeling.sizes import (
+    Size,
+    as_dtype,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    get_max_memory,
+)
+from drivetrain.big_modeling.tensors import find_tied_parameters
 
-Place: TypeAlias = int | str
-DeviceMap: TypeAlias = Mapping[str, Place]
-
-
-def _bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
-    if dtype is not None and tensor.is_floating_point():
-        return tensor.numel() * torch.empty((), dtype=dtype).element_size()
-    return tensor.numel() * tensor.element_size()
-
-
-def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if isinstance(dtype, str):
-        found = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(found, torch.dtype):
-            raise ValueError(f"dtype {dtype!r} is not a torch dtype (e.g. 'float16', 'bfloat16').")
-        return found
-    return dtype
-
-
-def compute_module_sizes(
-    model: nn.Module,
-    dtype: torch.dtype | str | None = None,
-    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
-) -> dict[str, int]:
-    """Bytes of parameters and buffers under every module name (``""`` is the whole model).
-
-    ``dtype`` counts floating-point tensors at that dtype (the one they will be loaded in);
-    ``special_dtypes`` gives single tensors (by name) a dtype of their own.
-    """
-    default = as_dtype(dtype)
-    special = {name: as_dtype(value) for name, value in (special_dtypes or {}).items()}
-    sizes: dict[str, int] = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        size = tensor.numel() * special[name].itemsize if name in special else _bytes(tensor, default)  # type: ignore[union-attr]
-        parts = name.split(".")
-        for depth in range(len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            sizes[prefix] = sizes.get(prefix, 0) + size
-    return sizes
-
-
-def place_of(device_map: DeviceMap, name: str) -> Place:
-    """Where the tensor or module ``name`` lives: the entry of its longest mapped prefix.
-
-    Raises:
-        ValueError: no entry covers ``name``.
-    """
-    parts = name.split(".")
-    for depth in range(len(parts), -1, -1):
-        prefix = ".".join(parts[:depth])
-        if prefix in device_map:
-            return device_map[prefix]
-    raise ValueError(
-        f"the device map places no module holding {name!r}; map it (or one of its parents) to a device, 'cpu' "
-        f"or 'disk'."
-    )
+__all__ = [
+    "DeviceMap",
+    "Place",
+    "as_device",
+    "as_dtype",
+    "check_device_map",
+    "check_place",
+    "clean_device_map",
+    "compute_module_sizes",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "place_of",
+]
 
 
 def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
@@ -106,90 +70,6 @@ def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
             f"the device map leaves {len(unplaced)} tensors without a place, e.g. {unplaced[:3]}; map their modules "
             f"(or '' for everything else)."
         )
-
-
-def as_device(place: Place, where: str = "device map") -> torch.device | str:
-    """``torch.device`` for a device, or the string ``"disk"``.
-
-    Raises:
-        ValueError: not a device, ``"cpu"`` or ``"disk"``.
-    """
-    if place == "disk":
-        return "disk"
-    check_place(place, where)
-    try:
-        return torch.device(place)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"{where} = {place!r} is device {place}, but this machine has no accelerator device {place}: map it to "
-            f"'cpu' or 'disk', or run where the device is."
-        ) from None
-
-
-def check_place(place: Place, where: str = "device map") -> None:
-    """That ``place`` names a place (a device index, a device name, ``"cpu"`` or ``"disk"``), without
-    needing the device here: a device map can be planned on a machine without the GPUs.
-
-    Raises:
-        ValueError: not a place.
-    """
-    if isinstance(place, int) and not isinstance(place, bool) and place >= 0:
-        return
-    if isinstance(place, torch.device):
-        return
-    if isinstance(place, str):
-        if place == "disk":
-            return
-        try:
-            torch.device(place)
-            return
-        except (RuntimeError, TypeError):
-            pass
-    raise ValueError(
-        f"{where} = {place!r} is not a place: use a device index (0), a device ('cuda:1', 'mps'), 'cpu' or 'disk'."
-    )
-
-
-def available_memory() -> dict[Place, int]:
-    """Free memory per device here: each GPU, then the CPU's available RAM, then unlimited disk."""
-    found: dict[Place, int] = {}
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            found[index] = torch.cuda.mem_get_info(index)[0]
-    try:
-        found["cpu"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX
-        found["cpu"] = 2**63
-    found["disk"] = 2**63
-    return found
-
-
-def get_max_memory(max_memory: Mapping[Place, int | str] | None = None) -> dict[Place, int]:
-    """The memory to plan with, per place, in the order places are filled (as Accelerate's).
-
-    Without ``max_memory``: what is free here, each GPU and the CPU's available RAM. With it: its
-    sizes in bytes (``"10GB"`` read as such), ordered GPUs by index, then other devices as given
-    (``"cuda:1"``, ``"xpu:0"``), then ``"mps"``, ``"cpu"``, ``"disk"``. GPU indexes need not exist
-    here (a map can be planned for another machine).
-
-    Raises:
-        ValueError: a key that is not a place, or a size that is not one.
-    """
-    if max_memory is None:
-        free = available_memory()
-        del free["disk"]
-        return free
-    if not isinstance(max_memory, Mapping):
-        raise TypeError(
-            f"max_memory must map places to sizes ({{0: '10GiB', 'cpu': '30GiB'}}), got {max_memory!r}."
-        )
-    for place in max_memory:
-        check_place(place, f"max_memory[{place!r}]")
-    sizes = {place: parse_size(size, f"max_memory[{place!r}]") for place, size in max_memory.items()}
-    indexes = sorted(place for place in sizes if isinstance(place, int))
-    named = [place for place in sizes if not isinstance(place, int) and place not in ("mps", "cpu", "disk")]
-    tail = [place for place in ("mps", "cpu", "disk") if place in sizes]
-    return {place: sizes[place] for place in [*indexes, *named, *tail]}
 
 
 def clean_device_map(device_map: dict[str, Place], module_name: str = "") -> dict[str, Place]:
@@ -221,19 +101,22 @@ def clean_device_map(device_map: dict[str, Place], module_name: str = "") -> dic
 def infer_auto_device_map(
     model: nn.Module,
     max_memory: Mapping[Place, int | str] | None = None,
-    no_split_module_classes: list[str] | None = None,
+    no_split_module_classes: list[str] | str | None = None,
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    verbose: bool = False,
     clean_result: bool = True,
+    offload_buffers: bool = False,
     fallback_allocation: bool = False,
 ) -> OrderedDict[str, Place]:
     """Place ``model``'s modules on the places of ``max_memory``, in order, as Accelerate does.
 
     GPUs first, then the CPU, then disk (always there as the last resort); each place is filled
     until it is full, a module that does not fit is split into its parameters and children
-    (never modules of ``no_split_module_classes``), and the main places (the first GPU, and the CPU)
-    keep room for the largest layer still to place, so that an offloaded layer can be brought in
-    to run.
+    (never modules of ``no_split_module_classes``), and the main places (the first GPU, and the CPU;
+    ``"mps"`` alone when it is there) keep room for the largest layer still to place, so that an
+    offloaded layer can be brought in to run. Modules whose parameters are tied go to the same place
+    (splitting the other module when only the part holding the tie fits).
 
     Args:
         model: typically built under :func:`~drivetrain.big_modeling.init_empty_weights`.
@@ -243,7 +126,10 @@ def infer_auto_device_map(
             connections, say).
         dtype: count floating-point weights at this dtype (what they will be loaded as).
         special_dtypes: tensor name -> its own dtype.
+        verbose: print each decision.
         clean_result: merge the entries of a module whose parts all share one place.
+        offload_buffers: the buffers of modules placed on the CPU or disk will be offloaded with
+            them; otherwise a warning says when they may not fit on any GPU, where they run.
         fallback_allocation: when nothing fits on a main place that is still empty, put there the
             first module (searched breadth-first, splitting as needed) that fits, instead of
             leaving it empty.
@@ -257,11 +143,18 @@ def infer_auto_device_map(
     memory = get_max_memory(max_memory)
     places: list[Place] = [*memory, *([] if "disk" in memory else ["disk"])]
     devices = [place for place in places if place not in ("cpu", "disk")]
-    main = {devices[0], "cpu"} if devices else {"cpu"}
-    keep_whole = set(no_split_module_classes or ())
+    main = {"mps"} if "mps" in devices else {devices[0], "cpu"} if devices else {"cpu"}
+    keep_whole = (
+        {no_split_module_classes}
+        if isinstance(no_split_module_classes, str)
+        else set(no_split_module_classes or ())
+    )
     sizes = compute_module_sizes(model, dtype, special_dtypes)
+    tied = find_tied_parameters(model)
+    say = print if verbose else (lambda *_: None)
     queue: list[tuple[str, nn.Module | None]] = _entries("", model)
-    used: dict[Place, int] = dict.fromkeys(places, 0)
+    used: dict[Place, Size] = dict.fromkeys(places, 0)
+    buffers: dict[Place, Size] = {}
     result: OrderedDict[str, Place] = OrderedDict()
     current = 0
     while queue:
@@ -272,24 +165,97 @@ def infer_auto_device_map(
         largest = _largest_layer(queue, sizes, keep_whole)
         reserve = largest if place in main else 0
         limit = None if place == "disk" else memory[place] - reserve
-        if limit is None or used[place] + size <= limit:
-            used[place] += size
+        outside = _tied_outside(name, tied)
+        with_ties, partners = _size_with_ties(outside, size, sizes, queue)
+        if limit is None or used[place] + with_ties <= limit:
+            say(
+                f"Putting {name} {'and ' + str(partners) + ' ' if partners else ''}(size {with_ties}) on {place}."
+            )
+            used[place] += with_ties
             result[name] = place
+            for tied_name in partners:
+                queue = [entry for entry in queue if entry[0] != tied_name]
+                result[tied_name] = place
+            if not offload_buffers and isinstance(module, nn.Module):
+                buffers[place] = buffers.get(place, 0) + compute_module_total_buffer_size(
+                    module, dtype, special_dtypes
+                )
             continue
-        if _splittable(module, keep_whole):
+        if partners and used[place] + size <= limit:
+            # The module fits alone: split one of the modules it is tied to, so that the part holding the tie comes along.
+            partner = next((p for p in partners if _splittable(dict(queue)[p], keep_whole)), None)
+            if partner is not None:
+                say(f"Splitting {partner}, tied to {name}, to fit them on {place} together.")
+                index = next(i for i, (n, _) in enumerate(queue) if n == partner)
+                queue = [
+                    (name, module),
+                    *queue[:index],
+                    *_entries(partner, queue[index][1]),
+                    *queue[index + 1 :],
+                ]
+                continue
+        if used[place] + size >= limit and _splittable(module, keep_whole):
+            say(f"Splitting {name} (size {size}): {limit - used[place]} left on {place}.")
             queue[:0] = _entries(name, module)
             continue
         if fallback_allocation and used[place] == 0:
-            room = memory[place] - max(largest, size)
+            room = memory[place] - max(largest, with_ties)
             found = _first_fitting([(name, module), *queue], sizes, keep_whole, room)
             if found is not None:
+                say(f"Nothing else fits on {place}: {found} goes there (fallback_allocation).")
                 queue = _split_out([(name, module), *queue], found, keep_whole)
                 used[place] += sizes.get(found, 0)
                 result[found] = place
                 continue
+        say(f"{name} (size {with_ties}) does not fit on {place} ({limit - used[place]} left): next place.")
+        used[place] += reserve
         queue.insert(0, (name, module))
         current += 1  # nothing more fits here: the next place (disk takes everything)
+    _warn_about_buffers(buffers, used, memory, devices, offload_buffers)
     return _merge(result, model) if clean_result else result
+
+
+def _tied_outside(name: str, tied: list[list[str]]) -> list[str]:
+    """The parameters tied to one inside ``name`` that are outside it."""
+    inside = (lambda p: True) if name == "" else (lambda p: p == name or p.startswith(f"{name}."))
+    return [p for group in tied if any(map(inside, group)) for p in group if not inside(p)]
+
+
+def _size_with_ties(
+    outside: list[str], size: Size, sizes: dict[str, Size], queue: list[tuple[str, nn.Module | None]]
+) -> tuple[Size, list[str]]:
+    """The size of an entry with the entries still to place that hold the parameters tied to it, and their names."""
+    partners: list[str] = []
+    total = size
+    for parameter in outside:
+        holder = next((n for n, _ in queue if parameter == n or parameter.startswith(f"{n}.")), None)
+        if holder is None or holder in partners:
+            continue
+        partners.append(holder)
+        total += sizes.get(holder, 0) - sizes.get(parameter, 0)  # the shared tensor counts once
+    return total, partners
+
+
+def _warn_about_buffers(
+    buffers: dict[Place, Size],
+    used: dict[Place, Size],
+    memory: dict[Place, int],
+    devices: list[Place],
+    offload_buffers: bool,
+) -> None:
+    """Buffers of modules off the GPUs stay in memory and run on a GPU: warn when no GPU has room for them."""
+    elsewhere = buffers.get("cpu", 0) + buffers.get("disk", 0)
+    if offload_buffers or elsewhere == 0 or not devices:
+        return
+    if any(memory[device] >= elsewhere + used.get(device, 0) for device in devices):
+        return
+    warnings.warn(
+        f"The modules placed on the CPU or disk hold {elsewhere} bytes of buffers, which are not offloaded and do "
+        f"not fit in what any GPU has left. If the model runs out of memory, plan with "
+        f"infer_auto_device_map(..., offload_buffers=True).",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _splittable(module: nn.Module | None, keep_whole: set[str]) -> bool:
@@ -301,10 +267,10 @@ def _splittable(module: nn.Module | None, keep_whole: set[str]) -> bool:
 
 
 def _largest_layer(
-    entries: list[tuple[str, nn.Module | None]], sizes: dict[str, int], keep_whole: set[str]
-) -> int:
+    entries: list[tuple[str, nn.Module | None]], sizes: dict[str, Size], keep_whole: set[str]
+) -> Size:
     """The size of the largest unit still to place that cannot be split (a leaf module, a tensor, a no-split block)."""
-    largest = 0
+    largest: Size = 0
     pending = list(entries)
     while pending:
         name, module = pending.pop()
@@ -316,7 +282,7 @@ def _largest_layer(
 
 
 def _first_fitting(
-    entries: list[tuple[str, nn.Module | None]], sizes: dict[str, int], keep_whole: set[str], room: int
+    entries: list[tuple[str, nn.Module | None]], sizes: dict[str, Size], keep_whole: set[str], room: Size
 ) -> str | None:
     """The first entry, breadth-first through splittable modules, whose size is at most ``room``."""
     level = list(entries)

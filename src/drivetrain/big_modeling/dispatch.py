@@ -2,10 +2,11 @@
 
 :func:`load_checkpoint_in_model` puts each checkpoint tensor where the device map says (writing
 ``"disk"`` entries to the offload folder). :func:`dispatch_model` then adds forward hooks:
-every mapped module gets its inputs moved to its execution device; an offloaded module (on disk,
-or in CPU RAM while it computes on another device) is empty (``meta``) between calls, and its
-pre-hook brings its weights to the execution device for the call only. ``remove_hooks`` undoes
-it. :func:`load_checkpoint_and_dispatch` does both, inferring the map with ``device_map="auto"``.
+every mapped module gets an :class:`~drivetrain.big_modeling.hooks.AlignDevicesHook` (at
+``module._hf_hook``, where Accelerate puts it) that moves its inputs to its execution device; an
+offloaded module (on disk, or in CPU RAM while it computes on another device) is empty (``meta``)
+between calls, and its hook brings its weights to the execution device for the call only.
+``remove_hooks`` undoes it. :func:`load_checkpoint_and_dispatch` does both, inferring the map with ``device_map="auto"``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
 from drivetrain.big_modeling.device_map import (
     DeviceMap,
@@ -31,70 +30,36 @@ from drivetrain.big_modeling.device_map import (
     place_of,
 )
 from drivetrain.big_modeling.files import OffloadFolder, iter_checkpoint
+from drivetrain.big_modeling.hooks import (
+    HOOK,
+    AlignDevicesHook,
+    SequentialHook,
+    add_hook_to_module,
+    remove_hook_from_submodules,
+)
+from drivetrain.big_modeling.sizes import get_balanced_memory
+from drivetrain.big_modeling.tensors import (
+    META,
+    OffloadedWeights,
+    set_module_tensor_to_device,
+    share_parameter,
+    tensor_of,
+    tied_parameters,
+)
 
-_HANDLES = "_drivetrain_dispatch_handles"
-_OFFLOADED = "_drivetrain_offloaded"  # on the model: module name -> its offloaded entry
-_META = torch.device("meta")
+__all__ = [
+    "cpu_offload",
+    "disk_offload",
+    "dispatch_model",
+    "get_state_dict_offloaded_model",
+    "is_offloaded",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "remove_hooks",
+    "set_module_tensor_to_device",
+]
 
-
-def set_module_tensor_to_device(
-    module: nn.Module,
-    name: str,
-    device: torch.device | str,
-    value: Tensor | None = None,
-    dtype: torch.dtype | None = None,
-) -> None:
-    """Put the parameter or buffer ``name`` of ``module`` on ``device`` (with ``value``'s data, if given).
-
-    Raises:
-        ValueError: ``name`` is no tensor of the module, or ``value`` has another shape.
-    """
-    owner_name, _, leaf = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    if leaf in owner._parameters:
-        old: Tensor | None = owner._parameters[leaf]
-    elif leaf in owner._buffers:
-        old = owner._buffers[leaf]
-    else:
-        raise ValueError(f"{type(module).__name__} has no parameter or buffer {name!r}.")
-    if old is None:
-        raise ValueError(f"{name!r} is None in the model; nothing to place.")
-    data = old if value is None else value
-    if value is not None and tuple(value.shape) != tuple(old.shape):
-        raise ValueError(
-            f"{name!r} has shape {tuple(old.shape)} in the model but {tuple(value.shape)} in the checkpoint."
-        )
-    if data.device == _META and torch.device(device) != _META:
-        raise ValueError(f"{name!r} has no data (it is on the meta device); load it from a checkpoint first.")
-    target_dtype = data.dtype
-    if data.is_floating_point():
-        # A checkpoint's floating-point tensor takes the model's dtype unless dtype= says otherwise.
-        target_dtype = dtype if dtype is not None else old.dtype if old.is_floating_point() else data.dtype
-    moved = data.to(device=device, dtype=target_dtype)
-    if leaf in owner._parameters:
-        assert isinstance(old, nn.Parameter)
-        owner._parameters[leaf] = nn.Parameter(moved, requires_grad=old.requires_grad)
-    else:
-        owner._buffers[leaf] = moved
-
-
-def tied_parameters(model: nn.Module) -> dict[str, str]:
-    """Tied weights: every other name of a shared parameter -> the name ``named_parameters()`` gives it.
-
-    Checkpoints hold a shared tensor once (under either name); the other names follow it.
-    """
-    primary = {id(parameter): name for name, parameter in model.named_parameters()}
-    return {
-        name: primary[id(parameter)]
-        for name, parameter in model.named_parameters(remove_duplicate=False)
-        if primary[id(parameter)] != name
-    }
-
-
-def _share(model: nn.Module, alias: str, primary: str) -> None:
-    owner_name, _, leaf = alias.rpartition(".")
-    owner = model.get_submodule(owner_name) if owner_name else model
-    owner._parameters[leaf] = model.get_parameter(primary)
+_META = META
 
 
 def load_checkpoint_in_model(
@@ -175,7 +140,7 @@ def _load_shards(
             set_module_tensor_to_device(model, name, torch.device("cpu"), parked.load(name), dtype)
     for alias, primary in aliases.items():
         if primary in loaded:
-            _share(model, alias, primary)  # tied weights stay tied (dispatch_model reads the tie)
+            share_parameter(model, alias, primary)  # tied weights stay tied (dispatch_model reads the tie)
     missing = sorted(expected - loaded)
     if missing or unexpected:
         message = (
@@ -187,91 +152,43 @@ def _load_shards(
         warnings.warn(f"{message}; loaded what matches.", UserWarning, stacklevel=2)
 
 
-class _Offloaded:
-    """An offloaded entry's tensors: brought to the execution device while held, ``meta`` otherwise.
-
-    Held by the entry's module during its forward, and by a module of ``preload_module_classes``
-    above it during that module's whole forward; the tensors leave when the last holder lets go.
-    """
-
-    def __init__(
-        self, module: nn.Module, names: list[str], read: Callable[[str], Tensor], execution: torch.device
-    ) -> None:
-        self.module = module
-        self.names = names
-        self.read = read
-        self.execution = execution
-        self.holders = 0
-
-    def acquire(self) -> None:
-        if self.holders == 0:
-            for name in self.names:
-                set_module_tensor_to_device(self.module, name, self.execution, self.read(name))
-        self.holders += 1
-
-    def release(self) -> None:
-        self.holders -= 1
-        if self.holders == 0:
-            for name in self.names:
-                set_module_tensor_to_device(self.module, name, _META)
+def _attach(module: nn.Module, execution: torch.device | None, offloaded: list[OffloadedWeights]) -> None:
+    """A hook on ``module``: inputs moved to ``execution`` (unless ``None``), ``offloaded`` held during its forward."""
+    hook = AlignDevicesHook.holding(execution, offloaded, offload=bool(offloaded))
+    add_hook_to_module(module, hook, append=True)
 
 
-def _move(data: Any, device: torch.device) -> Any:
-    if isinstance(data, Tensor):
-        return data.to(device)
-    if isinstance(data, Mapping):
-        return type(data)({key: _move(value, device) for key, value in data.items()})  # type: ignore[call-arg]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_move(value, device) for value in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_move(value, device) for value in data)
-    return data
-
-
-def _attach(module: nn.Module, execution: torch.device | None, offloaded: list[_Offloaded]) -> None:
-    """Hooks on ``module``: inputs moved to ``execution`` (unless ``None``), ``offloaded`` held during its forward."""
-    handles: list[RemovableHandle] = getattr(module, _HANDLES, [])
-
-    def before(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        for entry in offloaded:
-            entry.acquire()
-        if execution is None:
-            return args, kwargs
-        return _move(args, execution), _move(kwargs, execution)
-
-    handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
-    if offloaded:
-
-        def after(_: nn.Module, args: Any, output: Any) -> Any:
-            for entry in offloaded:
-                entry.release()
-            return output
-
-        handles.append(module.register_forward_hook(after))
-    setattr(module, _HANDLES, handles)
+def _offloaded_entries(model: nn.Module) -> list[OffloadedWeights]:
+    """The offloaded weights the hooks under ``model`` bring in (each once)."""
+    found: dict[int, OffloadedWeights] = {}
+    for module in model.modules():
+        hook = getattr(module, HOOK, None)
+        for part in hook.hooks if isinstance(hook, SequentialHook) else (hook,):
+            if isinstance(part, AlignDevicesHook) and part.offload:
+                found.update((id(entry), entry) for entry in part.entries)
+    return list(found.values())
 
 
 def is_offloaded(model: nn.Module) -> bool:
     """Whether some of ``model``'s weights are kept in CPU RAM or on disk between calls (dispatched or offloaded)."""
-    return any(getattr(module, _OFFLOADED, None) for module in model.modules())
+    return bool(_offloaded_entries(model))
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, Tensor]:
-    """``model``'s state dict with the offloaded weights read in (on the CPU), one entry at a time.
+    r"""``model``'s state dict with the offloaded weights read in (on the CPU), one entry at a time.
 
-    A dispatched, CPU- or disk-offloaded model holds ``meta`` tensors between calls; this reads each
-    offloaded entry's weights from where they are kept (Accelerate's function of the same name).
+    A dispatched, CPU- or disk-offloaded model (or one with offloading ``AlignDevicesHook``\ s of
+    its own) holds ``meta`` tensors between calls; this reads each offloaded tensor from where it
+    is kept (Accelerate's function of the same name).
 
     Raises:
         ValueError: a tensor has no data anywhere (a checkpoint did not hold it).
     """
     state = {name: tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
-    for root_name, root in model.named_modules():
-        for entry_name, entry in (getattr(root, _OFFLOADED, None) or {}).items():
-            module_name = ".".join(part for part in (root_name, entry_name) if part)
-            module = model.get_submodule(module_name) if module_name else model
-            prefix = _prefix_in(model, module)
-            for local in entry.names:
+    for entry in _offloaded_entries(model):
+        prefix = _prefix_in(model, entry.module)
+        for local in entry.names:
+            if prefix + local in state:  # non-persistent buffers are not part of a state dict
                 state[prefix + local] = entry.read(local).detach().to("cpu")
     aliases = tied_parameters(model)
     for alias, primary in aliases.items():
@@ -294,14 +211,12 @@ def _prefix_in(model: nn.Module, module: nn.Module) -> str:
 
 
 def remove_hooks(model: nn.Module) -> None:
-    """Remove every hook :func:`dispatch_model` (or :func:`cpu_offload`) added under ``model``."""
-    for module in model.modules():
-        for handle in getattr(module, _HANDLES, []):
-            handle.remove()
-        if hasattr(module, _HANDLES):
-            delattr(module, _HANDLES)
-        if hasattr(module, _OFFLOADED):
-            delattr(module, _OFFLOADED)
+    """Remove every hook under ``model`` (:func:`dispatch_model`'s, :func:`cpu_offload`'s, any ``_hf_hook``).
+
+    Weights offloaded to CPU RAM go back to where they were; weights that had no data before
+    (loaded straight to disk) stay on ``meta``.
+    """
+    remove_hook_from_submodules(model)
 
 
 def _owned_tensors(
@@ -368,7 +283,7 @@ def dispatch_model(
     disk = OffloadFolder(offload_dir) if offload_dir is not None else None
     remove_hooks(model)
     aliases = tied_parameters(model)
-    held: dict[str, _Offloaded] = {}  # module name -> its offloaded entry
+    held: dict[str, OffloadedWeights] = {}  # module name -> its offloaded entry
     tensors_of_model = {n for n, _ in [*model.named_parameters(), *model.named_buffers()]}
     for entry, place in device_map.items():
         # An entry naming a tensor is run by the module holding it.
@@ -384,14 +299,14 @@ def dispatch_model(
                 stored = aliases.get(full, full)
                 if stored in disk:
                     names[local] = stored
-                elif _tensor(module, local).device == _META:
+                elif tensor_of(module, local).device == _META:
                     absent.append(full)
                 # else: tied to a weight kept in memory elsewhere, which it keeps sharing
             if absent:
                 raise ValueError(
                     f"{absent[:3]} are not in the offload folder {offload_dir}; load the checkpoint with it first."
                 )
-            offloaded = _Offloaded(
+            offloaded = OffloadedWeights(
                 module,
                 list(names),
                 lambda local, names=names: disk.load(names[local]),  # type: ignore[misc]
@@ -406,7 +321,8 @@ def dispatch_model(
                 local: (state_dict[full] if state_dict is not None else own[local]).detach().to("cpu")
                 for local, full in tensors
             }
-            offloaded = _Offloaded(module, list(kept), kept.__getitem__, main)
+            back = {local: torch.device("cpu") for local in kept}  # where remove_hooks puts them
+            offloaded = OffloadedWeights(module, list(kept), kept.__getitem__, main, back)
             for local in kept:
                 set_module_tensor_to_device(module, local, _META)
             execution = main
@@ -414,7 +330,7 @@ def dispatch_model(
             assert isinstance(device, torch.device)
             for local, full in _owned_tensors(module, name, device_map, entry):
                 stored = aliases.get(full, full)
-                if _tensor(module, local).device == _META and disk is not None and stored in disk:
+                if tensor_of(module, local).device == _META and disk is not None and stored in disk:
                     # Tied to a weight offloaded to disk: this module keeps a copy in memory.
                     set_module_tensor_to_device(module, local, device, disk.load(stored))
                 else:
@@ -426,12 +342,11 @@ def dispatch_model(
     if "" not in device_map:
         _attach(model, main, [])  # inputs given to the whole model start on the main device
     _preload(model, held, preload_module_classes)
-    setattr(model, _OFFLOADED, held)
     model.hf_device_map = dict(device_map)  # type: ignore[assignment]
     return model
 
 
-def _preload(model: nn.Module, held: dict[str, _Offloaded], classes: list[str] | None) -> None:
+def _preload(model: nn.Module, held: dict[str, OffloadedWeights], classes: list[str] | None) -> None:
     """Hold the offloaded entries under each module of ``classes`` for that module's whole forward."""
     if not classes:
         return
@@ -443,14 +358,6 @@ def _preload(model: nn.Module, held: dict[str, _Offloaded], classes: list[str] |
         beneath = [entry for key, entry in held.items() if key.startswith(prefix) and key != name]
         if beneath:
             _attach(module, None, beneath)
-
-
-def _tensor(module: nn.Module, name: str) -> Tensor:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    found = owner._parameters.get(leaf, owner._buffers.get(leaf))
-    assert found is not None  # names come from named_parameters()/named_buffers()
-    return found
 
 
 def cpu_offload(
@@ -468,19 +375,20 @@ def cpu_offload(
     ``offload_buffers=True``). ``state_dict``: the weights to keep (default: the model's own).
     """
     device = torch.device(execution_device) if execution_device is not None else torch.device("cpu")
+    remove_hooks(model)
+    tensors = [*model.named_parameters(), *model.named_buffers()]
     kept = {
         name: (state_dict[name] if state_dict is not None and name in state_dict else tensor)
         .detach()
         .to("cpu")
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+        for name, tensor in tensors
     }
+    back = {name: tensor.device for name, tensor in tensors if tensor.device != _META}
     names = list(kept)
-    remove_hooks(model)
     for name in names:
         set_module_tensor_to_device(model, name, _META)
-    entry = _Offloaded(model, names, kept.__getitem__, device)
+    entry = OffloadedWeights(model, names, kept.__getitem__, device, back)
     _attach(model, device, [entry])
-    setattr(model, _OFFLOADED, {"": entry})
     return model
 
 
@@ -496,16 +404,17 @@ def disk_offload(
     All of them come in when the model is called (``preload_module_classes`` changes nothing here;
     buffers are offloaded with the weights).
     """
+    remove_hooks(model)
     folder = OffloadFolder(offload_dir)
+    back = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         folder.save(name, tensor)
+        back[name] = tensor.device
         set_module_tensor_to_device(model, name, _META)
     folder.flush()
     device = torch.device(execution_device) if execution_device is not None else torch.device("cpu")
-    remove_hooks(model)
-    entry = _Offloaded(model, list(folder.index), folder.load, device)
+    entry = OffloadedWeights(model, list(folder.index), folder.load, device, back)
     _attach(model, device, [entry])
-    setattr(model, _OFFLOADED, {"": entry})
     return model
 
 
@@ -523,8 +432,11 @@ def load_checkpoint_and_dispatch(
 ) -> nn.Module:
     """Load ``checkpoint`` into ``model`` (built with ``init_empty_weights``) and dispatch it.
 
-    ``device_map="auto"`` (or ``"sequential"``) fills ``max_memory``'s places in order (see
-    :func:`~drivetrain.big_modeling.infer_auto_device_map`); ``None`` loads everything on the CPU.
+    ``device_map="sequential"`` fills ``max_memory``'s places in order (see
+    :func:`~drivetrain.big_modeling.infer_auto_device_map`); ``"auto"`` and ``"balanced"`` first
+    spread the model evenly over the GPUs (:func:`~drivetrain.big_modeling.get_balanced_memory`),
+    ``"balanced_low_0"`` keeps GPU 0 as empty as it can, as in Accelerate; ``None`` loads
+    everything on the CPU.
     ``offload_state_dict`` (default: when the map offloads to disk, as Accelerate) and
     ``preload_module_classes`` are :func:`load_checkpoint_in_model`'s and :func:`dispatch_model`'s.
 
@@ -532,10 +444,15 @@ def load_checkpoint_and_dispatch(
         ValueError: an unsupported ``device_map`` string, or what loading and dispatching raise.
     """
     if isinstance(device_map, str):
-        if device_map not in ("auto", "sequential"):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
             raise ValueError(
-                f"device_map={device_map!r} is not supported; use 'auto' (= 'sequential': fill the devices of "
-                f"max_memory in order), a dict of module -> place, or None."
+                f"device_map={device_map!r} is not supported; use 'auto' (= 'balanced': the model spread evenly "
+                f"over the GPUs), 'balanced_low_0', 'sequential' (the places of max_memory filled in order), a dict "
+                f"of module -> place, or None."
+            )
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(
+                model, max_memory, no_split_module_classes, dtype, low_zero=device_map == "balanced_low_0"
             )
         device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)
     if offload_state_dict is None:

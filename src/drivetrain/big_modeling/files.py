@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -118,3 +118,16 @@ class OffloadFolder:
             )
         with safe_open(str(self.folder / file), framework="pt", device=str(device)) as handle:
             return handle.get_tensor("tensor")
+
+
+def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str, Tensor]) -> None:
+    """Write ``state_dict`` to the offload folder ``save_dir`` (Accelerate's function; drivetrain's folder format).
+
+    ``dispatch_model(..., offload_dir=save_dir)`` and ``load_checkpoint_in_model`` read it: one
+    safetensors file per tensor and an ``index.json`` naming them (Accelerate writes NumPy memory
+    maps instead).
+    """
+    folder = OffloadFolder(save_dir)
+    for name, tensor in state_dict.items():
+        folder.save(name, tensor)
+    folder.flush()

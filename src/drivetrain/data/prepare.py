@@ -53,6 +53,7 @@ def prepare_data_loader(
     data_seed: int | None = None,
     use_seedable_sampler: bool = False,
     shard: bool = True,
+    share: tuple[int, int] | None = None,
     active_loaders: ActiveLoaders | None = None,
     batch_mover: Callable[[Any], Any] | None = None,
 ) -> PreparedDataLoader:
@@ -86,6 +87,9 @@ def prepare_data_loader(
             (its generator is then reseeded from ``(seed, epoch)`` at each epoch).
         shard: share the data between the processes; ``False`` gives every process all of it
             (the user's sampler or dataset shards it).
+        share: ``(number of shares, this process's share)`` to shard for instead of the
+            strategy's processes (Accelerate's free ``prepare_data_loader`` without a run); nothing
+            is exchanged between processes then, so the strategy must be a one-process one.
         active_loaders: where the loader registers itself while it is being iterated.
         batch_mover: places each batch instead of the strategy's ``batch_mover()`` (a Trainer module's
             batch-transfer hooks); only with ``device_placement``.
@@ -110,9 +114,16 @@ def prepare_data_loader(
             UserWarning,
             stacklevel=3,
         )
-    n, rank = data_parallel_share(strategy) if shard else (1, 0)
+    if share is not None and strategy.world_size > 1:
+        raise ValueError(
+            f"share={share} shards for processes of their own, but the strategy runs {strategy.world_size} "
+            f"processes, which share the data out themselves; leave share out."
+        )
+    n, rank = share if share is not None else data_parallel_share(strategy) if shard else (1, 0)
     # Per-share seeds: the ranks of one tensor-parallel group (same share) draw alike.
-    seed_rank = data_parallel_share(strategy)[1] if shard else strategy.global_rank
+    seed_rank = (
+        rank if share is not None else data_parallel_share(strategy)[1] if shard else strategy.global_rank
+    )
     iterable = isinstance(dataloader.dataset, IterableDataset)
     batch_size = _batch_size(dataloader)
     if split_batches and n > 1:
@@ -154,6 +165,12 @@ def prepare_data_loader(
         n, rank = 1, 0  # the user's sampler shares the data out already
     sizes["batches_per_step"] = 1 if split_batches else n
     dispatch = n > 1 and (iterable if dispatch_batches is None else dispatch_batches)
+    if dispatch and share is not None:
+        raise ValueError(
+            "Dispatching batches sends them from process 0 to the others, which needs the processes of a running "
+            "job; sharding for a share given by hand cannot do it. Use dispatch_batches=False, or prepare the loader "
+            "in the job (Accelerator.prepare)."
+        )
     if dispatch:
         return _dispatching(dataloader, common, sizes, split_batches, even_batches, batch_size, batch_sampler)
     if iterable:

@@ -78,7 +78,8 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         rng_types: generators to synchronise at each epoch start besides the sampler's own:
             ``"torch"``, ``"cuda"``, ``"xpu"``, ``"mps"``, ``"generator"``.
         log_with: trackers: ``"tensorboard"``, ``"csv"``, ``"wandb"``, ``"mlflow"``, ``"all"`` (every
-            installed one), drivetrain loggers, or a list (the same values as ``Trainer(logger=...)``).
+            installed one), drivetrain loggers, or a list (the same values as ``Trainer(logger=...)``),
+            and instances of your :class:`~drivetrain.tracking.GeneralTracker` subclasses.
         project_dir: where logs and automatic checkpoints go.
         project_config: where logs and automatic checkpoints go, and how checkpoints are named and kept
             (a :class:`~drivetrain.utils.ProjectConfiguration`).

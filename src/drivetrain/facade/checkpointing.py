@@ -64,16 +64,18 @@ class Checkpointing(ProcessControl):
             ValueError: an object without ``state_dict()`` and ``load_state_dict()`` (as Accelerate).
         """
         invalid = [
-            obj
-            for obj in objects
+            f"\n\t- Item at index {index}, `{_pretty_name(obj)}`"
+            for index, obj in enumerate(objects)
             if not (
                 callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
             )
         ]
         if invalid:
+            # The items listed as Accelerate lists them ("Item at index N, `Name`"), which programs look for.
             raise ValueError(
-                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have "
-                f"not: {', '.join(f'{type(o).__name__} ({o!r:.40})' for o in invalid)}."
+                "register_for_checkpointing saves objects through their `state_dict` and `load_state_dict` "
+                f"functions, which these inputs lack:{''.join(invalid)}\nRegister objects that have both (wrap a "
+                "tensor or a value in a small class with the two methods)."
             )
         self._custom_objects.extend(objects)
 
@@ -516,3 +518,9 @@ def _weights_only(load_kwargs: dict[str, Any] | None) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"load_state(load_kwargs={{'weights_only': {value!r}}}): use True or False.")
     return value
+
+
+def _pretty_name(obj: Any) -> str:
+    """``obj``'s qualified name, or its class's (``Tensor`` for a tensor)."""
+    named = obj if hasattr(obj, "__qualname__") or hasattr(obj, "__name__") else type(obj)
+    return str(getattr(named, "__qualname__", getattr(named, "__name__", named)))

@@ -22,3 +22,12 @@ LoggerRegistry: Registry[Any] = Registry(
         "drivetrain.loggers.mlflow",
     ),
 )
+
+
+def logger_kind(logger: object) -> str | None:
+    """The registered name of ``logger``'s class (or of the nearest registered base class), if any."""
+    by_class = {entry.cls: entry.name for entry in LoggerRegistry.describe()}
+    for cls in type(logger).__mro__:
+        if cls in by_class:
+            return by_class[cls]
+    return None

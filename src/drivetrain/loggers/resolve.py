@@ -8,23 +8,37 @@ Both doors accept the same values: a registered name (``"csv"``, ``"tensorboard"
 Resolution has two steps because the Accelerator learns the experiment name later than its
 settings: :func:`parse_loggers` checks the value where it is given (unknown names and missing
 packages fail at once), :func:`build_loggers` creates the named loggers for a folder and an
-experiment name. The Trainer does both when it is constructed.
+experiment name. The Trainer does both when it is constructed. The Accelerator also takes
+Accelerate's trackers (:mod:`drivetrain.loggers.trackers`): ``GeneralTracker`` instances and names of
+tracker classes added to ``LOGGER_TYPE_TO_CLASS``; :func:`build_trackers` gives it every entry as a
+tracker, the loggers it builds behind their tracker faces.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import imports
 from drivetrain.loggers.logger import Logger
-from drivetrain.loggers.registry import LoggerRegistry
+from drivetrain.loggers.registry import LoggerRegistry, logger_kind
 
-__all__ = ["build_loggers", "default_logger_name", "logger_kind", "parse_loggers", "resolve_loggers"]
+if TYPE_CHECKING:
+    from drivetrain.loggers.trackers import GeneralTracker
 
-#: A checked logger setting: registered names and logger instances, in the order given.
-LoggerSpec = list[str | Logger]
+__all__ = [
+    "build_loggers",
+    "build_trackers",
+    "default_logger_name",
+    "logger_kind",
+    "parse_loggers",
+    "resolve_loggers",
+]
+
+#: A checked logger setting: registered names and logger instances (and, for the Accelerator,
+#: tracker instances), in the order given.
+LoggerSpec = list["str | Logger | GeneralTracker"]
 
 
 def _logger_class(name: str) -> type[Logger]:
@@ -41,21 +55,24 @@ def default_logger_name() -> str:
     return "tensorboard" if imports.package_available("tensorboard") else "csv"
 
 
-def _accepted(argument: str) -> str:
+def _accepted(argument: str, trackers: bool) -> str:
     names = ", ".join(repr(n) for n in LoggerRegistry.available())
+    tracker = " or a drivetrain.tracking.GeneralTracker" if trackers else ""
     return (
         f"{argument}= accepts a logger name ({names}), 'all' (every installed one), True (the default "
-        f"logger: {default_logger_name()!r} here), False or None (no logger), a drivetrain.loggers.Logger, "
-        f"or a list of names and loggers"
+        f"logger: {default_logger_name()!r} here), False or None (no logger), a drivetrain.loggers.Logger"
+        f"{tracker}, or a list of names and loggers"
     )
 
 
-def parse_loggers(value: Any, *, argument: str = "logger") -> LoggerSpec:
+def parse_loggers(value: Any, *, argument: str = "logger", trackers: bool = False) -> LoggerSpec:
     """Check a logger setting without creating anything.
 
     Args:
         value: what the user passed (see the module docstring).
         argument: the parameter's name, for messages (``"logger"``, ``"log_with"``).
+        trackers: also accept Accelerate's trackers (``GeneralTracker`` instances, names of tracker
+            classes added to ``LOGGER_TYPE_TO_CLASS``): the Accelerator's setting.
 
     Returns:
         Registered names (each once) and logger instances, in the order given.
@@ -71,28 +88,54 @@ def parse_loggers(value: Any, *, argument: str = "logger") -> LoggerSpec:
         return [default_logger_name()]
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     checked: LoggerSpec = []
+    # The tracker module only when trackers are allowed or something else than a name or a logger
+    # came: building a Trainer does not import it.
+    trackers_module = (
+        _trackers() if trackers or any(not isinstance(i, (str, Enum, Logger)) for i in items) else None
+    )
     for item in items:
         name = item.value if isinstance(item, Enum) else item
         if isinstance(name, str):
             key = name if name in LoggerRegistry else name.lower()
-            if key == "all":
+            if (
+                trackers_module is not None
+                and trackers
+                and trackers_module.custom_tracker_class(name) is not None
+            ):
+                names = [name]  # a user's tracker class, added to LOGGER_TYPE_TO_CLASS
+            elif key == "all":
                 names = [n for n in LoggerRegistry.available() if _logger_class(n).is_available()]
             elif key in LoggerRegistry:
                 _logger_class(key).check_available()
                 names = [key]
             else:
                 raise ValueError(
-                    f"{argument}={value!r} names the logger {name!r}, which is unknown. {_accepted(argument)}."
+                    f"{argument}={value!r} names the logger {name!r}, which is unknown. "
+                    f"{_accepted(argument, trackers)}."
                 )
             checked.extend(n for n in names if n not in checked)
-        elif isinstance(item, Logger):
+        elif isinstance(item, Logger) or (
+            trackers and trackers_module is not None and isinstance(item, trackers_module.GeneralTracker)
+        ):
             if not any(item is c for c in checked):
                 checked.append(item)
+        elif trackers_module is not None and isinstance(item, trackers_module.GeneralTracker):
+            raise TypeError(
+                f"{argument}={value!r} holds the tracker {type(item).__name__}: GeneralTracker is Accelerate's "
+                f"tracker interface, which Accelerator(log_with=...) takes. Here write a drivetrain.loggers.Logger "
+                f"subclass (log_metrics, log_hyperparams) instead."
+            )
         else:
             raise TypeError(
-                f"{argument}={value!r} holds {type(item).__name__} ({item!r}). {_accepted(argument)}."
+                f"{argument}={value!r} holds {type(item).__name__} ({item!r}). {_accepted(argument, trackers)}."
             )
     return checked
+
+
+def _trackers() -> Any:
+    from drivetrain.loggers import trackers
+
+    return trackers
 
 
 def build_loggers(
@@ -129,6 +172,10 @@ def build_loggers(
         if isinstance(item, Logger):
             loggers.append(item)
             continue
+        if not isinstance(item, str):
+            raise TypeError(
+                f"build_loggers builds loggers; {type(item).__name__} is a tracker (use build_trackers)."
+            )
         entry = LoggerRegistry.entry(item)
         cls = _logger_class(item)
         if cls.needs_save_dir and save_dir is None:
@@ -140,17 +187,64 @@ def build_loggers(
     return loggers
 
 
+def build_trackers(
+    spec: LoggerSpec,
+    *,
+    logging_dir: str | None,
+    project_name: str,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    save_dir_hint: str = "",
+) -> list[GeneralTracker]:
+    """The trackers of an Accelerator's ``log_with`` (:func:`parse_loggers` with ``trackers=True``).
+
+    Tracker instances are used as they are; logger names and instances become loggers behind their
+    tracker faces (``tracker.logger``); a user's tracker class named in ``LOGGER_TYPE_TO_CLASS`` is
+    built as Accelerate builds it: ``cls(project_name, [logging_dir,] **options[name])``.
+
+    Raises:
+        ValueError: options for an entry the spec does not name, or a tracker or file logger that
+            needs a folder without one.
+    """
+    from drivetrain.loggers.trackers import GeneralTracker, custom_tracker_class, tracker_for_logger
+
+    options = dict(options or {})
+    custom = {
+        item: cls
+        for item in spec
+        if isinstance(item, str) and (cls := custom_tracker_class(item)) is not None
+    }
+    loggers = iter(
+        build_loggers(
+            [item for item in spec if not isinstance(item, GeneralTracker) and item not in custom],
+            save_dir=logging_dir,
+            experiment=project_name,
+            options={name: value for name, value in options.items() if name not in custom},
+            save_dir_hint=save_dir_hint,
+        )
+    )
+    built: list[GeneralTracker] = []
+    for item in spec:
+        if isinstance(item, GeneralTracker):
+            built.append(item)
+        elif isinstance(item, str) and item in custom:
+            cls = custom[item]
+            kwargs = dict(options.get(item, {}))
+            if cls.requires_logging_directory:
+                if logging_dir is None:
+                    raise ValueError(
+                        f"The {item!r} tracker requires a logging directory"
+                        f"{': ' + save_dir_hint if save_dir_hint else ''}."
+                    )
+                built.append(cls(project_name, logging_dir, **kwargs))  # type: ignore[arg-type, call-arg]
+            else:
+                built.append(cls(project_name, **kwargs))  # type: ignore[arg-type]
+        else:
+            built.append(tracker_for_logger(next(loggers)))
+    return built
+
+
 def resolve_loggers(
     value: Any, *, save_dir: str | None, experiment: str, argument: str = "logger"
 ) -> list[Logger]:
     """:func:`parse_loggers` then :func:`build_loggers`: the loggers a setting means, created."""
     return build_loggers(parse_loggers(value, argument=argument), save_dir=save_dir, experiment=experiment)
-
-
-def logger_kind(logger: Logger) -> str | None:
-    """The registered name of ``logger``'s class (or of the nearest registered base class), if any."""
-    by_class = {entry.cls: entry.name for entry in LoggerRegistry.describe()}
-    for cls in type(logger).__mro__:
-        if cls in by_class:
-            return by_class[cls]
-    return None

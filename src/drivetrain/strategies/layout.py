@@ -26,6 +26,7 @@ ranks FSDP shards over). :meth:`ParallelLayout.submesh` hands out each by name (
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,6 +285,55 @@ class ParallelLayout:
 
 
 @dataclass
+class TorchTensorParallelConfig:
+    """Accelerate's tensor-parallel settings for ``ParallelismConfig(tp_handler=...)``.
+
+    Args:
+        enable_async_tp: asynchronous tensor parallelism; not supported (a warning, as in Accelerate).
+    """
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.enable_async_tp:
+            warnings.warn(
+                "TorchTensorParallelConfig(enable_async_tp=True): asynchronous tensor parallelism is not supported; "
+                "the layers run synchronously.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Accelerate's context-parallel settings for ``ParallelismConfig(cp_handler=...)``.
+
+    Args:
+        cp_comm_strategy: how the ranks exchange keys and values: ``"allgather"`` (the default, torch's);
+            ``"alltoall"`` is not supported.
+
+    Raises:
+        ValueError: another strategy.
+    """
+
+    cp_comm_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = "allgather"
+        if self.cp_comm_strategy not in ("allgather", "alltoall"):
+            raise ValueError(
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Use 'allgather' (or 'alltoall', which "
+                f"drivetrain does not support)."
+            )
+        if self.cp_comm_strategy == "alltoall":
+            raise ValueError(
+                "TorchContextParallelConfig(cp_comm_strategy='alltoall') is not supported: drivetrain's context "
+                "parallelism exchanges keys and values with torch's default all-gather. Use 'allgather'."
+            )
+
+
+@dataclass
 class ParallelismConfig:
     """Accelerate's ``ParallelismConfig``: the parallel layout under Accelerate's field names.
 
@@ -296,15 +346,58 @@ class ParallelismConfig:
         dp_shard_size: ranks that shard the model (FSDP2).
         tp_size: ranks of one tensor-parallel group (give the Accelerator a ``tp_plan``).
         cp_size: ranks of one context-parallel group (CUDA only).
+        cp_backend: ``"torch"`` (the only one).
+        sp_size: sequence parallelism (DeepSpeed's); only 1 (none) is supported.
+        sp_backend: ``"deepspeed"``, for ``sp_size``.
+        tp_handler: a :class:`TorchTensorParallelConfig`.
+        cp_handler: a :class:`TorchContextParallelConfig`.
+        sp_handler: must stay ``None`` (no sequence parallelism).
+
+    Raises:
+        TypeError, ValueError: a size that is not one, or a setting drivetrain does not support.
     """
 
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
     tp_size: int | None = None
     cp_size: int | None = None
+    cp_backend: str | None = None
+    sp_size: int | None = None
+    sp_backend: str | None = None
+    tp_handler: TorchTensorParallelConfig | None = None
+    cp_handler: TorchContextParallelConfig | None = None
+    sp_handler: Any = None
 
     def __post_init__(self) -> None:
         self.to_layout()  # checks the values now, at construction
+        if self.cp_backend is None:
+            self.cp_backend = "torch"
+        if self.sp_backend is None:
+            self.sp_backend = "deepspeed"
+        if self.cp_backend != "torch":
+            raise ValueError(
+                f"ParallelismConfig(cp_backend={self.cp_backend!r}) is not supported; use 'torch'."
+            )
+        if self.sp_size not in (None, 1) or self.sp_handler is not None:
+            raise ValueError(
+                f"ParallelismConfig(sp_size={self.sp_size!r}, sp_handler={self.sp_handler!r}): sequence parallelism "
+                f"(DeepSpeed's ALST/Ulysses) is not supported. Split sequences with cp_size= (context parallelism) "
+                f"instead, or leave sp_size out."
+            )
+        for name, value, kind in (
+            ("tp_handler", self.tp_handler, TorchTensorParallelConfig),
+            ("cp_handler", self.cp_handler, TorchContextParallelConfig),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(
+                    f"ParallelismConfig({name}=...) takes a {kind.__name__}, got {type(value).__name__}."
+                )
+        if self.tp_enabled and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_enabled and self.cp_handler is None:
+            self.cp_handler = TorchContextParallelConfig()
+        self.device_mesh: Any = None
+        self.flattened_meshes: dict[str, Any] = {}
 
     def to_layout(self) -> ParallelLayout:
         """The :class:`ParallelLayout` with these sizes (``None`` -> 1, ``-1`` -> inferred)."""
@@ -322,6 +415,10 @@ class ParallelismConfig:
                 raise type(error)(f"ParallelismConfig: {error}") from None
         return ParallelLayout(**sizes)
 
+    def _size(self, name: str) -> int:
+        value = getattr(self, f"{name}_size")
+        return 1 if value is None else int(value)
+
     @property
     def total_size(self) -> int:
         """The number of processes the sizes multiply to (a ``-1`` size counts as 1 until resolved)."""
@@ -331,12 +428,22 @@ class ParallelismConfig:
         return total
 
     @property
+    def data_parallel_size(self) -> int:
+        """``dp_replicate_size x dp_shard_size``: the ranks that read different data."""
+        return abs(self._size("dp_replicate") * self._size("dp_shard"))
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """``tp_size x cp_size``: the ranks that read the same data."""
+        return abs(self._size("tp") * self._size("cp"))
+
+    @property
     def dp_replicate_enabled(self) -> bool:
-        return (self.dp_replicate_size or 1) > 1
+        return self._size("dp_replicate") != 1
 
     @property
     def dp_shard_enabled(self) -> bool:
-        return (self.dp_shard_size or 1) > 1
+        return self._size("dp_shard") != 1
 
     @property
     def fsdp_enabled(self) -> bool:
@@ -345,16 +452,133 @@ class ParallelismConfig:
 
     @property
     def tp_enabled(self) -> bool:
-        return (self.tp_size or 1) > 1
+        return self._size("tp") != 1
 
     @property
     def cp_enabled(self) -> bool:
-        return (self.cp_size or 1) > 1
+        return self._size("cp") != 1
 
     @property
-    def dp_dim_names(self) -> tuple[str, ...]:
-        """The mesh dimensions whose ranks read different data."""
-        return ("dp_replicate", "dp_shard")
+    def sp_enabled(self) -> bool:
+        return False
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled mesh dimensions whose ranks read different data."""
+        return [name for name in ("dp_replicate", "dp_shard") if getattr(self, f"{name}_enabled")]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The enabled mesh dimensions whose ranks read the same data."""
+        return [name for name in ("tp", "cp") if getattr(self, f"{name}_enabled")]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions FSDP shards the model over (flattened as ``"dp_shard_cp"``)."""
+        return [name for name in ("dp_shard", "cp") if getattr(self, f"{name}_enabled")]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions the loss is averaged over (flattened as ``"dp_cp"``)."""
+        return [name for name in ("dp_replicate", "dp_shard", "cp") if getattr(self, f"{name}_enabled")]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The dimensions FSDP runs over: ``dp_replicate`` when enabled, and ``dp_shard_cp``."""
+        return [*(["dp_replicate"] if self.dp_replicate_enabled else []), "dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """``(dimension names, sizes)`` of the mesh: the enabled dimensions, outermost first (Accelerate's order)."""
+        order = [name for name in ("dp_replicate", "dp_shard", "cp", "tp") if name in self.active_mesh_dims]
+        return tuple(order), tuple(self._size(name) for name in order)
+
+    def build_device_mesh(self, device_type: str) -> Any:
+        """The torch ``DeviceMesh`` of these sizes over the job's processes, as Accelerate builds it.
+
+        Its dimensions are the enabled ones of ``("dp_replicate", "dp_shard", "cp", "tp")``, with the
+        flattened ``"dp"`` (the data-parallel ranks), ``"dp_shard_cp"`` (what FSDP shards over) and
+        ``"dp_cp"`` (what the loss is averaged over) registered on it (and kept in
+        ``flattened_meshes``). ``None`` when every size is 1.
+        A ``-1`` size is inferred from the process group. ``Accelerator(parallelism_config=...)``
+        builds its own (``accelerator.torch_device_mesh``); this is for code that builds one itself.
+
+        Args:
+            device_type: ``"cuda"``, ``"cpu"`` …
+
+        Raises:
+            RuntimeError: the process group does not hold as many processes as the sizes multiply to.
+            ValueError: context parallelism on a device type other than CUDA.
+        """
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = dist.get_world_size() if dist.is_initialized() else None
+        layout = self.to_layout()
+        if not layout.is_resolved:
+            if world is None:
+                raise RuntimeError(
+                    f"{self!r} has a size of -1 to infer from the number of processes, but no process group exists. "
+                    f"Create the Accelerator (or the process group) first, or give every size."
+                )
+            layout = layout.resolve(world)
+        layout.check_device(device_type)
+        resolved = {
+            "dp_replicate": int(layout.dp_replicate),
+            "dp_shard": int(layout.dp_shard),
+            "tp": int(layout.tp),
+            "cp": int(layout.cp),
+        }
+        order = [name for name in ("dp_replicate", "dp_shard", "cp", "tp") if resolved[name] > 1]
+        if not order:
+            return None
+        shape = tuple(resolved[name] for name in order)
+        total = layout.world_size
+        if world is not None and world != total:
+            raise RuntimeError(
+                f"ParallelismConfig sizes {dict(zip(order, shape, strict=True))} make {total} processes, but the process "
+                f"group has {world}. Make the sizes multiply to {world}."
+            )
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(order))
+        flattened = {}
+        for names, flat in (
+            ([n for n in ("dp_replicate", "dp_shard") if n in order], "dp"),
+            ([n for n in ("dp_shard", "cp") if n in order], "dp_shard_cp"),
+            ([n for n in ("dp_replicate", "dp_shard", "cp") if n in order], "dp_cp"),
+        ):
+            if names:
+                flattened[flat] = mesh[tuple(names)]._flatten(flat)
+        self.device_mesh = mesh
+        #: The flattened meshes by name, kept as torch asks (slicing them from the root mesh is deprecated).
+        self.flattened_meshes = flattened
+        return mesh
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["device_mesh"] = None  # process groups do not cross processes
+        state["flattened_meshes"] = {}
+        return state
+
+    def get_device_mesh(self, device_type: str | None = None) -> Any:
+        """The mesh :meth:`build_device_mesh` built (building it for ``device_type`` the first time).
+
+        Raises:
+            ValueError: no mesh yet and no ``device_type``, or one built for another device type.
+        """
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError(
+                    "No device mesh is built yet: pass device_type= ('cuda', 'cpu' …) to build it."
+                )
+            return self.build_device_mesh(device_type)
+        if device_type is not None and self.device_mesh.device_type != device_type:
+            raise ValueError(
+                f"The device mesh was built for {self.device_mesh.device_type!r} devices, not {device_type!r}."
+            )
+        return self.device_mesh
 
 
 def _check_size(name: str, value: Any) -> int | str:

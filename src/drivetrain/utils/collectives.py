@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from drivetrain.strategies.collective_errors import CollectiveMismatchError
+from drivetrain.utils.checked_reduce import checked_all_reduce
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
@@ -151,6 +152,10 @@ def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float =
 
     ``reduction`` is ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"product"`` (the strategy's
     collectives), or ``"none"`` (a copy, no communication).
+
+    Raises:
+        ValueError: the processes passed tensors of different shapes or dtypes (on every process,
+            naming each one's tensor).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(
@@ -161,7 +166,9 @@ def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float =
         if reduction == "none" or strategy.world_size == 1:
             result = tensor.clone()
         else:
-            result = strategy.all_reduce(tensor, reduce_op=reduction)
+            # Shapes are compared inside the reduction itself (see checked_reduce): different
+            # shapes on different processes are an error naming them all, not a hang or garbage.
+            result = checked_all_reduce(strategy, tensor, reduction)
         return result * scale if scale != 1.0 else result
 
     return map_tensors(data, one, "reduce")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from enum import Enum
 from typing import Any
 
+import torch
 from torch import nn
 
 from drivetrain.utils.kwargs_handlers import KwargsHandler
@@ -113,8 +115,8 @@ class TorchDynamoPlugin(KwargsHandler):
         if self.use_regional_compilation:
             raise ValueError(
                 "TorchDynamoPlugin(use_regional_compilation=True) is not supported by drivetrain: it compiles the "
-                "whole model. To compile repeated blocks one by one, call torch.compile(block) on each block in "
-                "your model's __init__ and leave dynamo_backend unset."
+                "whole model. To compile repeated blocks one by one, compile the model yourself with "
+                "drivetrain.utils.compile_regions(model) before prepare and leave dynamo_backend unset."
             )
 
     @property
@@ -211,3 +213,57 @@ def is_compiled_module(module: Any) -> bool:
     if eval_frame is None:  # nothing was ever compiled in this process
         return False
     return isinstance(module, eval_frame.OptimizedModule)
+
+
+def is_repeated_blocks(module: nn.Module) -> bool:
+    """Whether ``module`` is a non-empty ``ModuleList`` of modules of one class (a stack of blocks)."""
+    return (
+        isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(type(m) is type(module[0]) for m in module)
+    )
+
+
+def has_repeated_blocks(module: nn.Module) -> bool:
+    """Whether a stack of blocks (:func:`is_repeated_blocks`) is somewhere under ``module``."""
+    return any(is_repeated_blocks(sub) for sub in module.modules())
+
+
+def has_compiled_regions(module: nn.Module) -> bool:
+    """Whether some module under ``module`` is a ``torch.compile`` wrapper."""
+    return any(is_compiled_module(sub) for sub in module.modules())
+
+
+def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """``module`` with each block of its stacks of blocks compiled on its own, and the rest compiled too.
+
+    Blocks of one class compile once and the others reuse the compiled code, so a deep model
+    starts much faster than under one ``torch.compile`` of the whole (Accelerate's regional
+    compilation). The result is a new module sharing the parameters; the original stays at
+    ``result._orig_mod`` (``unwrap_model`` and ``extract_model_from_parallel`` give it back).
+
+    Args:
+        module: the model.
+        **compile_kwargs: ``torch.compile``'s arguments (``backend``, ``mode``, ``dynamic`` …).
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"compile_regions expects a torch.nn.Module, got {type(module).__name__}.")
+    compiled = _compile_regions(module, compile_kwargs)
+    if "_orig_mod" not in compiled.__dict__:
+        compiled.__dict__["_orig_mod"] = module  # a plain attribute: not a submodule of the copy
+    return compiled
+
+
+def _compile_regions(module: nn.Module, compile_kwargs: dict[str, Any]) -> nn.Module:
+    if isinstance(module, nn.ModuleList) and is_repeated_blocks(module):
+        return nn.ModuleList([torch.compile(block, **compile_kwargs) for block in module])  # type: ignore[misc]
+    if not has_repeated_blocks(module):
+        return torch.compile(module, **compile_kwargs)  # type: ignore[return-value]
+    # A shallow copy whose children are compiled region by region; the original is left as it is.
+    copy = type(module).__new__(type(module))
+    copy.__dict__.update(module.__dict__)
+    for name, value in list(copy.__dict__.items()):
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            copy.__dict__[name] = types.MethodType(value.__func__, copy)  # methods bound to the original
+    copy._modules = {name: _compile_regions(child, compile_kwargs) for name, child in module.named_children()}
+    return copy

@@ -108,6 +108,15 @@ class AORecipeKwargs(KwargsHandler):
         module_filter_func: ``(module, fully_qualified_name) -> bool``, which linear layers train in
             float8; default: all but the first and the last. Layers whose sizes are not multiples of
             16 are never converted.
+        pad_inner_dim: without a ``config``, build the tensorwise one with torchao's
+            ``pad_inner_dim`` (pad matrix sizes to multiples of 16 for ``torch._scaled_mm``).
+        enable_fsdp_float8_all_gather: without a ``config``, build the tensorwise one with FSDP2's
+            all-gather in float8. Unset, both are torchao's default (off), where Accelerate turns
+            them on.
+
+    Raises:
+        ValueError: ``pad_inner_dim``/``enable_fsdp_float8_all_gather`` together with a ``config``
+            (set them in the config).
 
     Example:
         >>> from drivetrain.utils import AORecipeKwargs
@@ -116,10 +125,34 @@ class AORecipeKwargs(KwargsHandler):
 
     config: Any = None
     module_filter_func: Any = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        flags = {
+            "pad_inner_dim": self.pad_inner_dim,
+            "enable_fsdp_float8_all_gather": self.enable_fsdp_float8_all_gather,
+        }
+        given = [name for name, value in flags.items() if value is not None]
+        if given and self.config is not None:
+            raise ValueError(
+                f"AORecipeKwargs({', '.join(given)}=..., config=...): these build the config when none is given; "
+                f"with your own config, set them in it (Float8LinearConfig({given[0]}=...))."
+            )
 
     def to_kwargs(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it would turn the torchao config (a dataclass) into a dict.
-        given = {"config": self.config, "module_filter_func": self.module_filter_func}
+        config = self.config
+        if config is None and (
+            self.pad_inner_dim is not None or self.enable_fsdp_float8_all_gather is not None
+        ):
+            from torchao.float8 import Float8LinearConfig
+
+            config = Float8LinearConfig(
+                pad_inner_dim=bool(self.pad_inner_dim),
+                enable_fsdp_float8_all_gather=bool(self.enable_fsdp_float8_all_gather),
+            )
+        given = {"config": config, "module_filter_func": self.module_filter_func}
         return {name: value for name, value in given.items() if value is not None}
 
 

@@ -1,13 +1,45 @@
-"""Taking a model out of its wrappers: ``extract_model_from_parallel`` (as ``accelerate.utils``)."""
+"""Accelerate's ``accelerate.utils.modeling``: taking a model out of its wrappers (``extract_model_from_parallel``),
+and the big-model utilities, defined in :mod:`drivetrain.big_modeling` (sizes, device maps, tied
+parameters, placing tensors), under the module path Accelerate programs import them from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from drivetrain._utilities.lazy import lazy_exports
 from drivetrain.plugins.precision.forward import remove_precision_forward
 from drivetrain.strategies.strategy import unwrap_parallel
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see for the lazy names below
+    pass
+
+_BIG_MODELING = (
+    "align_module_device",
+    "check_device_map",
+    "clean_device_map",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_memory",
+    "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
+    "infer_auto_device_map",
+    "load_checkpoint_in_model",
+    "named_module_tensors",
+    "offload_state_dict",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+)
+# Imported on first use: unwrapping a model (the façade's unwrap_model) does not load the big-model code.
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_BIG_MODELING, "drivetrain.big_modeling"))
+
+__all__ = ["extract_model_from_parallel", *_BIG_MODELING]
 
 
 def extract_model_from_parallel(
