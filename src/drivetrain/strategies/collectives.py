@@ -15,7 +15,8 @@ from torch import Tensor
 
 _BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "hpu": "hccl"}
 _MAX_CHECKED_DIMS = 16
-_DTYPES = [
+#: The dtypes collectives can exchange, by index: what a tensor's layout code carries.
+DTYPES = [
     torch.float32,
     torch.float64,
     torch.float16,
@@ -82,7 +83,7 @@ def _signature(tensor: Tensor) -> Tensor:
     """A fixed-length int64 description of a tensor's dtype and shape, for comparing across ranks."""
     signature = torch.full((2 + _MAX_CHECKED_DIMS,), -1, dtype=torch.int64)
     signature[0] = tensor.dim()
-    signature[1] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 99
+    signature[1] = DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else 99
     dims = list(tensor.shape)[:_MAX_CHECKED_DIMS]
     if dims:
         signature[2 : 2 + len(dims)] = torch.tensor(dims, dtype=torch.int64)
@@ -91,7 +92,7 @@ def _signature(tensor: Tensor) -> Tensor:
 
 def _describe(signature: list[int]) -> str:
     ndim, dtype_code = signature[0], signature[1]
-    dtype = _DTYPES[dtype_code] if 0 <= dtype_code < len(_DTYPES) else "other dtype"
+    dtype = DTYPES[dtype_code] if 0 <= dtype_code < len(DTYPES) else "other dtype"
     shape = tuple(signature[2 : 2 + min(ndim, _MAX_CHECKED_DIMS)])
     return f"shape {shape}, {dtype}"
 

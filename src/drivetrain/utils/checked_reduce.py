@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from drivetrain.strategies.collective_errors import CollectiveMismatchError
+from drivetrain.strategies.collectives import DTYPES
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
@@ -51,25 +52,10 @@ class ReduceMismatchError(CollectiveMismatchError, ValueError):
 #: A tensor's shape and dtype name, as processes exchange them when they disagree.
 Layout = tuple[tuple[int, ...], str]
 
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
-
 
 def _code(tensor: Tensor) -> int:
     """The tensor's element count, number of dimensions and dtype as one number (exact in float64)."""
-    dtype = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+    dtype = DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else len(DTYPES)
     return (tensor.numel() * 64 + min(tensor.dim(), 63)) * 64 + dtype
 
 
