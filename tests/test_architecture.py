@@ -302,3 +302,17 @@ def test_the_repository_cites_nothing_outside_itself() -> None:
     ]
     assert found == [], f"files citing documents outside the repository: {found}"
     assert (root / "docs" / "architecture.md").is_file() and (root / "CONTRIBUTING.md").is_file()
+
+
+def test_the_accelerators_parts_own_their_state() -> None:
+    """The Accelerator is composed: its bases and services set their state in ``__init__`` (the registry of
+    prepared objects is one object they are handed); none declares another part's attributes by annotation."""
+    declared = [
+        f"{path.name}: {node.name}.{ast.unparse(item.target)}"
+        for path in sorted((SOURCE / "facade").glob("*.py"))
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ClassDef) and "__slots__" not in ast.unparse(node)
+        for item in node.body
+        if isinstance(item, ast.AnnAssign) and item.value is None
+    ]
+    assert declared == [], f"attributes declared, not set: {declared}"

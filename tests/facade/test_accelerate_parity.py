@@ -89,7 +89,8 @@ def _pickles(out: dict[str, Any], rank: int) -> None:
     out["pickled"] = (
         copy.state.__dict__ == accelerator.state.__dict__,
         copy.process_index,
-        [batch[0].tolist() for batch in copy._dataloaders[0]] == [batch[0].tolist() for batch in loader],
+        [batch[0].tolist() for batch in copy._objects.dataloaders[0]]
+        == [batch[0].tolist() for batch in loader],
     )
 
 

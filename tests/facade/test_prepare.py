@@ -165,7 +165,7 @@ def test_free_memory_forgets_prepared_objects() -> None:
     accelerator = dt.Accelerator(cpu=True)
     model, optimizer, _, _ = accelerator.prepare(*_objects())
     assert accelerator.free_memory(model, optimizer) == [None, None]
-    assert accelerator.prepare(model) is model and accelerator._optimizers == []
+    assert accelerator.prepare(model) is model and accelerator._objects.optimizers == []
 
 
 def test_an_epoch_scheduler_steps_on_every_call() -> None:

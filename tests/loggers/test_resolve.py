@@ -79,7 +79,10 @@ def test_the_default_logger_is_tensorboard_when_installed_else_csv(
     (default,) = dt.Trainer(accelerator="cpu", devices=1, default_root_dir=tmp_path).loggers
     assert isinstance(default, TensorBoardLogger)
     assert Path(default.root_dir) == tmp_path / "drivetrain_logs"
-    assert [type(t) for t in dt.Accelerator(cpu=True, log_with=True, project_dir=tmp_path)._log_with] == [str]
+    accelerator = dt.Accelerator(cpu=True, log_with=True, project_dir=tmp_path)
+    accelerator.init_trackers("default")
+    assert [tracker.name for tracker in accelerator.trackers] == ["tensorboard"]
+    accelerator.end_training()
 
     monkeypatch.setattr(imports, "package_available", lambda name: name != "tensorboard")
     (fallback,) = dt.Trainer(accelerator="cpu", devices=1, default_root_dir=tmp_path).loggers

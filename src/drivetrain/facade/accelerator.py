@@ -9,13 +9,19 @@ Launch: under ``drivetrain launch`` / ``torchrun`` / SLURM the Accelerator joins
 the launcher started. In a plain ``python train.py`` with ``devices=N`` it starts the other
 ``N - 1`` processes itself by re-running the script (this process continues as rank 0); with
 ``strategy="ddp_spawn"``/``"ddp_fork"`` run the training function with :meth:`launch`.
+
+Structure: the Accelerator owns a registry of what it prepared (:mod:`drivetrain.facade.prepared`)
+and hands it to its parts: the process questions and collectives (:mod:`~drivetrain.facade.process_control`)
+and ``prepare`` (:mod:`~drivetrain.facade.preparation`) are its bases; saving and loading the state
+(:mod:`~drivetrain.facade.checkpointing`), saving models (:mod:`~drivetrain.facade.model_saving`) and
+the trackers (:mod:`~drivetrain.facade.tracking`) are services it delegates to. This module is long
+because it is the documented public surface of Accelerate's API; the work is in those modules.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -24,12 +30,13 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from drivetrain.facade import settings, tracking
-from drivetrain.facade.checkpointing import Checkpointing
-from drivetrain.facade.model_saving import ModelSaving
+from drivetrain.facade.checkpointing import StateCheckpoints
+from drivetrain.facade.model_saving import ModelSaver
 from drivetrain.facade.preparation import Preparation
+from drivetrain.facade.prepared import PreparedObjects
 from drivetrain.facade.process_state import AcceleratorState, PartialState
-from drivetrain.facade.tracking import Tracking
-from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
+from drivetrain.facade.tracking import Trackers
+from drivetrain.facade.wrappers import PreparedOptimizer
 from drivetrain.strategies.step_policy import (
     check_accumulation_steps,
     check_clip_value,
@@ -43,7 +50,6 @@ from drivetrain.utils import current
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator as HardwareAccelerator
     from drivetrain.connector import PluginInput
-    from drivetrain.data.loader import PreparedDataLoader
     from drivetrain.plugins.precision.precision import Precision
     from drivetrain.strategies.layout import ParallelismConfig
     from drivetrain.strategies.strategy import Strategy
@@ -57,7 +63,7 @@ if TYPE_CHECKING:
     from drivetrain.utils.kwargs_handlers import AutocastKwargs, ProfileKwargs
 
 
-class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
+class Accelerator(Preparation):
     """Prepare models, optimizers, schedulers and data loaders for any hardware and number of processes.
 
     Accelerate's arguments come first, then drivetrain's (``accelerator`` … ``plugins``, as for
@@ -181,21 +187,15 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         self.debug = settings.debug_mode(debug, environment.debug_mode)
         check_flag("device_placement", device_placement)
         check_flag("step_scheduler_with_optimizer", step_scheduler_with_optimizer)
-        self.device_placement = device_placement
-        self.dataloader_config = settings.data_config(
-            dataloader_config, split_batches, dispatch_batches, even_batches
-        )
-        self.rng_types = validate_rng_types(rng_types)
+        data_config = settings.data_config(dataloader_config, split_batches, dispatch_batches, even_batches)
+        checked_rng_types = validate_rng_types(rng_types)
         self.project_configuration = settings.project_config(project_config, project_dir)
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.gradient_state = settings.gradient_state(
-            gradient_accumulation_steps, gradient_accumulation_plugin
-        )
+        gradient_state = settings.gradient_state(gradient_accumulation_steps, gradient_accumulation_plugin)
         handlers = settings.sort_handlers(kwargs_handlers)
         self.autocast_handler = handlers.autocast
         self.profile_handler = handlers.profile
-        self._log_with = tracking.check_log_with(log_with)
-        self.strategy = settings.build_strategy(
+        log_with = tracking.check_log_with(log_with)
+        strategy_built = settings.build_strategy(
             accelerator=settings.choose_accelerator(accelerator, cpu),
             strategy=strategy,
             devices=devices,
@@ -206,30 +206,32 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             debug=self.debug,
             parallelism_options=parallelism_options,
         )
-        # strategy="auto": the first model prepared for training is weighed against DDP (see preparation.py).
-        self._size_auto_strategy = isinstance(strategy, str) and strategy == "auto"
         #: How ``prepare`` compiles models (``state.dynamo_plugin``; backend ``NO``: not at all).
         self.dynamo_plugin = settings.dynamo_settings(
-            dynamo_backend, dynamo_plugin, environment, self.strategy
+            dynamo_backend, dynamo_plugin, environment, strategy_built
         )
         # The settings prepare() compiles with, or None: it then compiles nothing (and checks nothing).
-        self._compiling = self.dynamo_plugin if self.dynamo_plugin.compiles else None
-        self._models: list[nn.Module] = []
-        self._optimizers: list[PreparedOptimizer] = []
-        self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
-        self._custom_objects: list[Any] = []
-        # OrderedDicts: torch's RemovableHandle holds a weak reference to them.
-        self._save_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._load_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._prepared: dict[int, tuple[Any, Any]] = {}  # id -> (object, its prepared form): never twice
-        self._compiled_views: dict[int, tuple[nn.Module, nn.Module]] = {}  # unwrap_model's compiled modules
-        self._backward_module: nn.Module | None = None
-        self._trigger = False
+        compiling = self.dynamo_plugin if self.dynamo_plugin.compiles else None
+        objects = PreparedObjects()
+        super().__init__(
+            strategy=strategy_built,
+            gradient_state=gradient_state,
+            dataloader_config=data_config,
+            objects=objects,
+            device_placement=device_placement,
+            rng_types=checked_rng_types,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            compiling=compiling,
+            # strategy="auto": the first model prepared for training is weighed against DDP (see preparation.py).
+            size_auto_strategy=isinstance(strategy, str) and strategy == "auto",
+        )
+        # The services that save, load and track, sharing the registry of prepared objects.
+        self._checkpoints = StateCheckpoints(
+            strategy_built, objects, self.project_configuration, gradient_state, self._require_processes
+        )
+        self._saver = ModelSaver(strategy_built, objects, self.project_configuration, compiling)
+        self._tracking = Trackers(strategy_built, log_with, self.project_configuration)
         self._warned_accumulate = False
-        self._warned_log = False
-        self.trackers: list[Any] = []
-        self._trackers_started = False
         # The strategy picks the backward call (the plain ``loss.backward()`` where it adds nothing).
         self._backward = self.strategy.step_functions().backward
         self._waiting_for_launch = self._start_processes()
@@ -349,7 +351,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the latest optimizer step was skipped (fp16 gradients overflowed)."""
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+        return any(optimizer.step_was_skipped for optimizer in self._objects.optimizers)
 
     # -- the training step -------------------------------------------------------------------
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
@@ -367,7 +369,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
                 )
             loss = state.scale_loss(loss)
         try:
-            self._backward(loss, self._backward_module, **kwargs)
+            self._backward(loss, self._objects.backward_module, **kwargs)
         except AttributeError:
             if isinstance(loss, Tensor):
                 raise
@@ -482,14 +484,14 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         unscale_and_clip(self.strategy.precision, self._all_optimizers(), params, clip_value, "value")
 
     def _all_optimizers(self) -> list[Optimizer]:
-        return [optimizer.optimizer for optimizer in self._optimizers]
+        return [optimizer.optimizer for optimizer in self._objects.optimizers]
 
     def _optimizer_of(self, params: list[Tensor]) -> tuple[PreparedOptimizer | None, nn.Module | None]:
         """The prepared optimizer of exactly ``params``, and its model, so the strategy can clip."""
         ids = {id(p) for p in params}
-        for optimizer in self._optimizers:
+        for optimizer in self._objects.optimizers:
             if ids == {id(p) for group in optimizer.param_groups for p in group["params"]}:
-                return optimizer, optimizer._model or self._backward_module
+                return optimizer, optimizer._model or self._objects.backward_module
         return None, None
 
     def _check_clip_target(self, what: str) -> None:
@@ -502,7 +504,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
     def unscale_gradients(self, optimizer: Optimizer | list[Optimizer] | None = None) -> None:
         """Divide fp16 gradients by the loss scale (before looking at them); safe to call twice."""
         chosen = (
-            self._optimizers
+            self._objects.optimizers
             if optimizer is None
             else optimizer
             if isinstance(optimizer, list)
@@ -512,6 +514,181 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
             self.strategy.precision.unscale_gradients(
                 opt.optimizer if isinstance(opt, PreparedOptimizer) else opt
             )
+
+    # -- saving, loading and tracking (their services share the registry of prepared objects) ----
+    @property
+    def trackers(self) -> list[Any]:
+        """The started trackers (empty off the main process and before :meth:`init_trackers`)."""
+        return self._tracking.trackers
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state.
+
+        Raises:
+            ValueError: an object without ``state_dict()`` and ``load_state_dict()`` (as Accelerate).
+        """
+        self._checkpoints.register_for_checkpointing(*objects)
+
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        """Save models, optimizers, schedulers, loss scaler, RNG states, data positions and registered objects.
+
+        Without ``output_dir`` the next automatic checkpoint is written
+        (``ProjectConfiguration(automatic_checkpoint_naming=True)``), and checkpoints beyond
+        ``total_limit`` are removed once it is complete. The state is read with
+        ``weights_only=True`` either way, so ``safe_serialization`` changes nothing.
+
+        Returns:
+            The directory written.
+        """
+        return self._checkpoints.save_state(output_dir, safe_serialization, **kwargs)
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch.
+
+        Args:
+            input_dir: the directory :meth:`save_state` wrote; ``None`` loads the newest complete
+                automatic checkpoint.
+            load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
+                which can run code from the files: only for checkpoints from a trusted source.
+                By default only tensors, plain values and allow-listed classes are read.
+            map_location: (keyword) where saved tensors are read to before they are restored:
+                ``"cpu"`` or ``"on_device"`` (this process's device); by default where they were
+                saved from. Sharded states are read straight into the live shards.
+
+        Each process may pass its own directory (one per process, as it gave to
+        :meth:`save_state`): every process then restores its own generators and loader
+        positions from it, and the shared state from the main process's directory.
+
+        A folder that a killed :meth:`save_state` left without its state (what a "load the
+        newest folder" resume finds after a crash) is passed over, with a warning, for the newest
+        folder beside it that holds a complete state.
+
+        Returns:
+            The directory loaded.
+        """
+        return self._checkpoints.load_state(input_dir, load_kwargs, **kwargs)
+
+    def register_save_state_pre_hook(
+        self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]
+    ) -> Any:
+        """Call ``hook(models, weights, output_dir)`` at the start of every :meth:`save_state`.
+
+        ``weights`` holds each prepared model's state dict; the hook may change them, or remove
+        entries (and save those models its own way): what is left in ``weights`` is saved as the
+        models' state. Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        return self._checkpoints.register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[[list[nn.Module], str], None]) -> Any:
+        """Call ``hook(models, input_dir)`` at the start of every :meth:`load_state`.
+
+        ``models`` lists the prepared models; a hook that loads some itself removes them, and the
+        rest are loaded from the state (so remove the same ones its save hook removed). Returns a
+        handle whose ``remove()`` unregisters the hook.
+        """
+        return self._checkpoints.register_load_state_pre_hook(hook)
+
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        """The user's module inside the strategy's wrappers (DDP, ``nn.DataParallel``, DeepSpeed …).
+
+        Args:
+            model: a prepared module (or any module).
+            keep_fp32_wrapper: ``False`` also takes off the precision's forward wrapper (autocast).
+            keep_torch_compile: return a ``torch.compile`` module around the user's module when
+                ``model`` is compiled (``False``: the user's module itself). For a model this
+                Accelerator compiled around a DDP wrapper that is a compiled module of its own
+                (made once, with the same settings), so the prepared model keeps its wrapper.
+        """
+        return self._saver.unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """``model``'s state dict as the strategy assembles it (whole, even when sharded), with the
+        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper).
+
+        A model whose weights are offloaded to CPU RAM or disk (``dispatch_model``, ``cpu_offload``,
+        ``disk_offload``) gives its weights read in from there, on the CPU.
+        """
+        return self._saver.get_state_dict(model, unwrap)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` once (main process; each node's with ``save_on_each_node``), atomically."""
+        self._saver.save(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save ``model``'s weights to ``save_directory`` (``model.safetensors``, sharded past ``max_shard_size``)."""
+        self._saver.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Build and start the ``log_with`` trackers (main process only) and record ``config`` in each.
+
+        Args:
+            project_name: the experiment: named trackers write under ``logging_dir/project_name``.
+            config: hyperparameters, given to each tracker's ``store_init_configuration``.
+            init_kwargs: tracker name -> the keyword arguments its constructor gets
+                (``{"wandb": {"entity": "me"}}``).
+        """
+        self._tracking.init_trackers(project_name, config, init_kwargs)
+
+    def log(
+        self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Give ``values`` at ``step`` to every tracker's ``log`` on the main process.
+
+        Args:
+            values: the values; drivetrain's trackers take numbers and one-element tensors (nested
+                dicts become ``a/b`` names), TensorBoard's strings too; your own trackers get them as given.
+            step: the step they belong to.
+            log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
+
+        Raises:
+            RuntimeError: before ``init_trackers``.
+            ValueError: ``log_kwargs`` for a tracker that is not started.
+        """
+        self._tracking.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (``"wandb"``, your tracker's ``name`` …).
+
+        Args:
+            name: the tracker's ``name``; a logger's class name (``"WandbLogger"``) works too.
+            unwrap: return what it writes through (its ``tracker``): the ``SummaryWriter``, the W&B
+                run, the ``MlflowClient`` (Accelerate returns the active MLflow run there).
+
+        Off the main process, where no tracker runs, a blank tracker whose methods do nothing (as
+        in Accelerate), so ``get_tracker("wandb").log(...)`` runs on every rank.
+
+        Raises:
+            ValueError: (main process) no started tracker has that name.
+        """
+        return self._tracking.get_tracker(name, unwrap)
+
+    def end_training(self) -> None:
+        """Finish the trackers, ending their runs (call at the end of the script).
+
+        Unlike Accelerate's, it leaves the process group alone (drivetrain releases it when the
+        process exits), so waiting, gathering and saving after it still work.
+        """
+        self._tracking.end_training()
 
     def __repr__(self) -> str:
         return (

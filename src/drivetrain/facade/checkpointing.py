@@ -3,7 +3,7 @@
 The core (:mod:`drivetrain.strategies.checkpointing`) writes and reads the entries both doors
 share: the prepared models, optimizers and schedulers, the precision plugin (loss scaler) and,
 per process, the random generators and every prepared loader's position. The Accelerator adds
-``"custom_<i>"`` (objects given to :meth:`~Checkpointing.register_for_checkpointing`),
+``"custom_<i>"`` (objects given to ``register_for_checkpointing``),
 ``"accumulation_step"`` and ``"iteration"``, and names the checkpoints: ``<dir>/state.ckpt``
 (a file, or a folder under sharded strategies), with automatic naming
 ``<project_dir>/checkpoints/checkpoint_<i>``. After ``load_state`` each prepared loader continues
@@ -28,13 +28,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from drivetrain._utilities import paths
-from drivetrain.facade.process_control import ProcessControl
-from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 
 # The checkpoint writer and reader are imported when the Accelerator saves or loads.
 if TYPE_CHECKING:
-    from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.facade.prepared import PreparedObjects
+    from drivetrain.facade.state import GradientState
     from drivetrain.strategies.checkpointing import TrainingObjects
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import ProjectConfiguration
 
 STATE_FILE = "state.ckpt"
@@ -43,26 +43,38 @@ _CUSTOM = re.compile(r"^custom_(\d+)$")
 _OPT_OUT = "Accelerator.load_state(..., load_kwargs={'weights_only': False})"
 
 
-class Checkpointing(ProcessControl):
-    """``save_state``, ``load_state``, ``register_for_checkpointing`` (a mixin of :class:`drivetrain.Accelerator`)."""
+class StateCheckpoints:
+    """``save_state``, ``load_state``, ``register_for_checkpointing`` and the state hooks of one Accelerator.
 
-    project_configuration: ProjectConfiguration
-    _models: list[nn.Module]
-    _optimizers: list[PreparedOptimizer]
-    _schedulers: list[PreparedScheduler]
-    _dataloaders: list[PreparedDataLoader]
-    _custom_objects: list[Any]
-    #: The prepared objects (ids) last found to leave no unprepared optimizer behind.
-    _optimizers_checked_for: tuple[int, ...] | None = None
-    _save_state_hooks: OrderedDict[int, Callable[..., None]]
-    _load_state_hooks: OrderedDict[int, Callable[..., None]]
+    Args:
+        strategy: writes and reads the state.
+        objects: the Accelerator's prepared and registered objects.
+        project_configuration: automatic naming and ``total_limit``.
+        gradient_state: its accumulation step is saved and restored.
+        require_processes: raises when the run's processes are yet to be started (``ddp_spawn``).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        objects: PreparedObjects,
+        project_configuration: ProjectConfiguration,
+        gradient_state: GradientState,
+        require_processes: Callable[[str], None],
+    ) -> None:
+        self.strategy = strategy
+        self.objects = objects
+        self.project_configuration = project_configuration
+        self.gradient_state = gradient_state
+        self.require_processes = require_processes
+        # OrderedDicts: torch's RemovableHandle holds a weak reference to them.
+        self._save_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        #: The prepared objects (ids) last found to leave no unprepared optimizer behind.
+        self._optimizers_checked_for: tuple[int, ...] | None = None
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore these objects (each with ``state_dict``/``load_state_dict``) in save/load_state.
-
-        Raises:
-            ValueError: an object without ``state_dict()`` and ``load_state_dict()`` (as Accelerate).
-        """
+        """See :meth:`drivetrain.Accelerator.register_for_checkpointing`."""
         invalid = [
             f"\n\t- Item at index {index}, `{_pretty_name(obj)}`"
             for index, obj in enumerate(objects)
@@ -77,25 +89,16 @@ class Checkpointing(ProcessControl):
                 f"functions, which these inputs lack:{''.join(invalid)}\nRegister objects that have both (wrap a "
                 "tensor or a value in a small class with the two methods)."
             )
-        self._custom_objects.extend(objects)
+        self.objects.custom_objects.extend(objects)
 
     def save_state(
         self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True, **kwargs: Any
     ) -> str:
-        """Save models, optimizers, schedulers, loss scaler, RNG states, data positions and registered objects.
-
-        Without ``output_dir`` the next automatic checkpoint is written
-        (``ProjectConfiguration(automatic_checkpoint_naming=True)``), and checkpoints beyond
-        ``total_limit`` are removed once it is complete. The state is read with
-        ``weights_only=True`` either way, so ``safe_serialization`` changes nothing.
-
-        Returns:
-            The directory written.
-        """
+        """See :meth:`drivetrain.Accelerator.save_state`."""
         from drivetrain.strategies.checkpointing import checkpoint_entries, write_checkpoint
 
         _no_model_kwargs("save_state", kwargs)
-        self._require_processes("save_state")
+        self.require_processes("save_state")
         self._refuse_unprepared_optimizers()
         config = self.project_configuration
         automatic = output_dir is None
@@ -111,7 +114,7 @@ class Checkpointing(ProcessControl):
         if self._save_state_hooks:
             objects.models = self._run_save_hooks(str(directory))
         entries = checkpoint_entries(strategy, objects, door="accelerator")
-        entries.update({f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)})
+        entries.update({f"custom_{index}": obj for index, obj in enumerate(self.objects.custom_objects)})
         entries["accumulation_step"] = self.gradient_state.step
         entries["iteration"] = config.iteration
         try:
@@ -126,7 +129,7 @@ class Checkpointing(ProcessControl):
                 f"project_dir (or output_dir)."
             ) from error
         if automatic:
-            if self.is_main_process:
+            if self.strategy.is_global_zero:
                 _prune_automatic(paths.parent(directory), keep=config.total_limit, newest=directory)
             config.iteration += 1
         return directory
@@ -137,29 +140,7 @@ class Checkpointing(ProcessControl):
         load_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> str:
-        """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch.
-
-        Args:
-            input_dir: the directory :meth:`save_state` wrote; ``None`` loads the newest complete
-                automatic checkpoint.
-            load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
-                which can run code from the files: only for checkpoints from a trusted source.
-                By default only tensors, plain values and allow-listed classes are read.
-            map_location: (keyword) where saved tensors are read to before they are restored:
-                ``"cpu"`` or ``"on_device"`` (this process's device); by default where they were
-                saved from. Sharded states are read straight into the live shards.
-
-        Each process may pass its own directory (one per process, as it gave to
-        :meth:`save_state`): every process then restores its own generators and loader
-        positions from it, and the shared state from the main process's directory.
-
-        A folder that a killed :meth:`save_state` left without its state (what a "load the
-        newest folder" resume finds after a crash) is passed over, with a warning, for the newest
-        folder beside it that holds a complete state.
-
-        Returns:
-            The directory loaded.
-        """
+        """See :meth:`drivetrain.Accelerator.load_state`."""
         from drivetrain.plugins.io.atomic import resolve
         from drivetrain.strategies.checkpointing import (
             rank_paths,
@@ -171,7 +152,7 @@ class Checkpointing(ProcessControl):
         map_location = self._map_location(kwargs.pop("map_location", None))
         _no_model_kwargs("load_state", kwargs)
         weights_only = _weights_only(load_kwargs)
-        self._require_processes("load_state")
+        self.require_processes("load_state")
         config = self.project_configuration
         directory = self._latest_automatic_dir() if input_dir is None else paths.normalize(input_dir)
         located = rank_paths(self.strategy, paths.join(directory, STATE_FILE))
@@ -195,7 +176,7 @@ class Checkpointing(ProcessControl):
         objects = self._training_objects()
         if self._load_state_hooks:
             objects.models = self._run_load_hooks(str(directory))
-        door = {f"custom_{index}": obj for index, obj in enumerate(self._custom_objects)}
+        door = {f"custom_{index}": obj for index, obj in enumerate(self.objects.custom_objects)}
         door.update({"accumulation_step": 0, "iteration": 0})
         loaded = read_checkpoint(
             self.strategy,
@@ -206,9 +187,9 @@ class Checkpointing(ProcessControl):
             opt_out=_OPT_OUT,
             map_location=map_location,
         )
-        _check_registered_objects(directory, loaded.rest, len(self._custom_objects))
+        _check_registered_objects(directory, loaded.rest, len(self.objects.custom_objects))
         assert loaded.process is not None  # a full (not models-only) read
-        restore_process_state(self.strategy, loaded.process, self._dataloaders, source=str(directory))
+        restore_process_state(self.strategy, loaded.process, self.objects.dataloaders, source=str(directory))
         restore_window_gradients(loaded.process, objects.models)
         self.gradient_state.step = int(loaded.entries["accumulation_step"])
         if config.automatic_checkpoint_naming:
@@ -219,7 +200,7 @@ class Checkpointing(ProcessControl):
         """Whether nothing is published at ``path``, as the main process sees it (every process gets its answer)."""
         from drivetrain.plugins.io.atomic import resolve
 
-        missing = resolve(path) is None if self.is_main_process else None
+        missing = resolve(path) is None if self.strategy.is_global_zero else None
         if self.strategy.world_size > 1:
             missing = self.strategy.broadcast(missing)
         return bool(missing)
@@ -233,12 +214,12 @@ class Checkpointing(ProcessControl):
         folder beside it that holds a complete state. The main process decides; every process
         follows.
         """
-        found = _newest_complete_sibling(directory) if self.is_main_process else None
+        found = _newest_complete_sibling(directory) if self.strategy.is_global_zero else None
         if self.strategy.world_size > 1:
             found = self.strategy.broadcast(found)
         if found is None:
             return directory
-        if self.is_main_process:
+        if self.strategy.is_global_zero:
             warnings.warn(
                 f"load_state('{directory}'): that folder holds no complete state; a save_state into it was "
                 f"interrupted (the process was killed while saving). Loading the newest complete state beside it "
@@ -254,10 +235,16 @@ class Checkpointing(ProcessControl):
         Looked for at the first save_state after the prepared objects change (the search walks
         every object of the process, ~0.1 s): training code makes its optimizers before then.
         """
-        prepared = (*map(id, self._models), *map(id, self._optimizers), *map(id, self._custom_objects))
+        prepared = (
+            *map(id, self.objects.models),
+            *map(id, self.objects.optimizers),
+            *map(id, self.objects.custom_objects),
+        )
         if self._optimizers_checked_for == prepared:
             return
-        missing = _unprepared_optimizers(self._models, self._optimizers, self._custom_objects)
+        missing = _unprepared_optimizers(
+            self.objects.models, self.objects.optimizers, self.objects.custom_objects
+        )
         if not missing:
             self._optimizers_checked_for = prepared
         if missing:
@@ -273,21 +260,11 @@ class Checkpointing(ProcessControl):
     def register_save_state_pre_hook(
         self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]
     ) -> Any:
-        """Call ``hook(models, weights, output_dir)`` at the start of every :meth:`save_state`.
-
-        ``weights`` holds each prepared model's state dict; the hook may change them, or remove
-        entries (and save those models its own way): what is left in ``weights`` is saved as the
-        models' state. Returns a handle whose ``remove()`` unregisters the hook.
-        """
+        """See :meth:`drivetrain.Accelerator.register_save_state_pre_hook`."""
         return self._register_hook(self._save_state_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[[list[nn.Module], str], None]) -> Any:
-        """Call ``hook(models, input_dir)`` at the start of every :meth:`load_state`.
-
-        ``models`` lists the prepared models; a hook that loads some itself removes them, and the
-        rest are loaded from the state (so remove the same ones its save hook removed). Returns a
-        handle whose ``remove()`` unregisters the hook.
-        """
+        """See :meth:`drivetrain.Accelerator.register_load_state_pre_hook`."""
         return self._register_hook(self._load_state_hooks, hook)
 
     def _register_hook(self, hooks: OrderedDict[int, Callable[..., None]], hook: Callable[..., None]) -> Any:
@@ -305,14 +282,14 @@ class Checkpointing(ProcessControl):
         return handle
 
     def _run_save_hooks(self, output_dir: str) -> list[Any]:
-        models = list(self._models)
+        models = list(self.objects.models)
         weights = [self.strategy.get_module_state_dict(model) for model in models]
         for hook in list(self._save_state_hooks.values()):
             hook(models, weights, output_dir)
         return weights
 
     def _run_load_hooks(self, input_dir: str) -> list[nn.Module]:
-        models = list(self._models)
+        models = list(self.objects.models)
         for hook in list(self._load_state_hooks.values()):
             hook(models, input_dir)
         return models
@@ -333,10 +310,10 @@ class Checkpointing(ProcessControl):
         from drivetrain.strategies.checkpointing import TrainingObjects
 
         return TrainingObjects(
-            models=self._models,
-            optimizers=[optimizer.optimizer for optimizer in self._optimizers],
-            schedulers=self._schedulers,
-            dataloaders=self._dataloaders,
+            models=self.objects.models,
+            optimizers=[optimizer.optimizer for optimizer in self.objects.optimizers],
+            schedulers=self.objects.schedulers,
+            dataloaders=self.objects.dataloaders,
             mid_window=self.gradient_state.mid_window,
         )
 
@@ -355,7 +332,7 @@ class Checkpointing(ProcessControl):
         # Rank 0 looks and every rank follows its answer: a rank that looked itself after rank 0
         # removed a leftover would skip the barrier below and leave the others waiting in it.
         found = None
-        if self.is_main_process and paths.exists(target):
+        if self.strategy.is_global_zero and paths.exists(target):
             found = "complete" if _holds_complete_state(target) else "leftover"
         if self.strategy.world_size > 1:
             found = self.strategy.broadcast(found)
@@ -367,7 +344,7 @@ class Checkpointing(ProcessControl):
         if (
             found == "leftover"
         ):  # left by a save that crashed (a resumed run counts on from the newest complete one)
-            if self.is_main_process:
+            if self.strategy.is_global_zero:
                 remove(target)
             self.strategy.barrier("drivetrain.Accelerator.save_state.clear")
         return target
@@ -383,7 +360,7 @@ class Checkpointing(ProcessControl):
         existing = [path for _, path in reversed(_existing(root))]
         for index, path in enumerate(existing):
             if _holds_complete_state(path):
-                if index and self.is_main_process:
+                if index and self.strategy.is_global_zero:
                     skipped = ", ".join(f"'{paths.name(p)}'" for p in existing[:index])
                     warnings.warn(
                         f"Skipping incomplete automatic checkpoint(s) {skipped} under '{root}' (a save was "

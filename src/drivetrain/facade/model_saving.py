@@ -16,34 +16,40 @@ from torch import nn
 
 from drivetrain._utilities import paths
 from drivetrain._utilities.sizes import parse_size
-from drivetrain.facade.process_control import ProcessControl
 
 if TYPE_CHECKING:
+    from drivetrain.facade.prepared import PreparedObjects
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import ProjectConfiguration
     from drivetrain.utils.dynamo import TorchDynamoPlugin
 
 
-class ModelSaving(ProcessControl):
-    """``save``, ``save_model``, ``get_state_dict``, ``unwrap_model`` (a mixin of :class:`drivetrain.Accelerator`)."""
+class ModelSaver:
+    """``unwrap_model``, ``get_state_dict``, ``save``, ``save_model`` of one Accelerator.
 
-    project_configuration: ProjectConfiguration
-    _compiling: TorchDynamoPlugin | None
-    _compiled_views: dict[int, tuple[nn.Module, nn.Module]]
-    _prepared: dict[int, tuple[Any, Any]]
+    Args:
+        strategy: unwraps and assembles models.
+        objects: the Accelerator's prepared objects (the compiled views ``unwrap_model`` makes).
+        project_configuration: ``save_on_each_node``.
+        compiling: the settings ``prepare`` compiled models with (``None``: it compiled none).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        objects: PreparedObjects,
+        project_configuration: ProjectConfiguration,
+        compiling: TorchDynamoPlugin | None,
+    ) -> None:
+        self.strategy = strategy
+        self.objects = objects
+        self.project_configuration = project_configuration
+        self._compiling = compiling
 
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> nn.Module:
-        """The user's module inside the strategy's wrappers (DDP, ``nn.DataParallel``, DeepSpeed …).
-
-        Args:
-            model: a prepared module (or any module).
-            keep_fp32_wrapper: ``False`` also takes off the precision's forward wrapper (autocast).
-            keep_torch_compile: return a ``torch.compile`` module around the user's module when
-                ``model`` is compiled (``False``: the user's module itself). For a model this
-                Accelerator compiled around a DDP wrapper that is a compiled module of its own
-                (made once, with the same settings), so the prepared model keeps its wrapper.
-        """
+        """See :meth:`drivetrain.Accelerator.unwrap_model`."""
         from drivetrain.utils.dynamo import compiled_inner
         from drivetrain.utils.modeling import finish_unwrap
 
@@ -59,23 +65,18 @@ class ModelSaving(ProcessControl):
         """``torch.compile(inner)`` with the settings ``prepare`` compiled ``model`` with (made once)."""
         from drivetrain.utils.dynamo import compile_module
 
-        prepared = self._prepared.get(id(model))
+        prepared = self.objects.prepared.get(id(model))
         if self._compiling is None or prepared is None or prepared[1] is not model:
             return None  # compiled by the user around a wrapper: its settings are unknown here
-        entry = self._compiled_views.get(id(model))
+        entry = self.objects.compiled_views.get(id(model))
         if entry is None or entry[0] is not model:
             entry = (model, compile_module(inner, self._compiling))
-            self._compiled_views[id(model)] = entry
+            self.objects.compiled_views[id(model)] = entry
         view: nn.Module = entry[1]
         return view
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """``model``'s state dict as the strategy assembles it (whole, even when sharded), with the
-        model's own parameter names (no ``module.`` or ``_orig_mod.`` of a wrapper).
-
-        A model whose weights are offloaded to CPU RAM or disk (``dispatch_model``, ``cpu_offload``,
-        ``disk_offload``) gives its weights read in from there, on the CPU.
-        """
+        """See :meth:`drivetrain.Accelerator.get_state_dict`."""
         from drivetrain.big_modeling.dispatch import get_state_dict_offloaded_model, is_offloaded
         from drivetrain.utils.dynamo import uncompiled
 
@@ -85,11 +86,12 @@ class ModelSaving(ProcessControl):
         return self.strategy.get_module_state_dict(uncompiled(model))
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` once (main process; each node's with ``save_on_each_node``), atomically."""
+        """See :meth:`drivetrain.Accelerator.save`."""
+        strategy = self.strategy
         writer = (
-            self.is_local_main_process
+            strategy.local_rank == 0
             if self.project_configuration.save_on_each_node
-            else self.is_main_process
+            else strategy.is_global_zero
         )
         if writer:
             save_object(obj, f, safe_serialization)
@@ -101,13 +103,13 @@ class ModelSaving(ProcessControl):
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
     ) -> None:
-        """Save ``model``'s weights to ``save_directory`` (``model.safetensors``, sharded past ``max_shard_size``)."""
+        """See :meth:`drivetrain.Accelerator.save_model`."""
         directory = paths.normalize(save_directory)
         paths.check(directory)
         if paths.isfile(directory):
             raise ValueError(f"save_model expects a directory, but '{directory}' is a file.")
         state_dict = self.get_state_dict(model)
-        if self.is_main_process:
+        if self.strategy.is_global_zero:
             write_model(state_dict, directory, max_shard_size, safe_serialization)
 
 

@@ -1,6 +1,6 @@
 """``Accelerator.prepare`` and friends: what each kind of object becomes for this run.
 
-A mixin of :class:`drivetrain.Accelerator`. Modules are converted to the precision, placed and
+A base of :class:`drivetrain.Accelerator`. Modules are converted to the precision, placed and
 wrapped by the strategy in the core's one order (:func:`drivetrain.strategies.model_setup.setup_model`,
 which the Trainer follows too); optimizers and schedulers get the wrappers of
 :mod:`drivetrain.facade.wrappers`; data loaders become
@@ -26,27 +26,39 @@ from drivetrain.strategies.model_setup import setup_model
 
 if TYPE_CHECKING:
     from drivetrain.data.loader import PreparedDataLoader
-    from drivetrain.utils.configuration import DataLoaderConfiguration
     from drivetrain.utils.dynamo import TorchDynamoPlugin
 
 
 class Preparation(ProcessControl):
     """``prepare``, ``prepare_model``, ``prepare_optimizer``, ``prepare_scheduler``, ``prepare_data_loader``,
-    and their undoing, ``free_memory`` (mixin)."""
+    and their undoing, ``free_memory`` (a base of :class:`drivetrain.Accelerator`).
 
-    dataloader_config: DataLoaderConfiguration
-    device_placement: bool
-    rng_types: tuple[str, ...]
-    step_scheduler_with_optimizer: bool
-    _models: list[nn.Module]
-    _optimizers: list[PreparedOptimizer]
-    _schedulers: list[PreparedScheduler]
-    _dataloaders: list[PreparedDataLoader]
-    _prepared: dict[int, tuple[Any, Any]]
-    _backward_module: nn.Module | None
-    _size_auto_strategy: bool
-    _compiling: TorchDynamoPlugin | None
-    _compiled_views: dict[int, tuple[nn.Module, nn.Module]]
+    Args:
+        device_placement: move prepared models and batches to the device.
+        rng_types: the generators prepared loaders share from rank 0 at each epoch start.
+        step_scheduler_with_optimizer: step prepared schedulers with their optimizer.
+        compiling: the settings ``prepare`` compiles models with (``None``: it compiles nothing).
+        size_auto_strategy: the strategy came from ``"auto"``: the first model prepared for training is
+            weighed against DDP.
+        **base: :class:`ProcessControl`'s arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_placement: bool,
+        rng_types: tuple[str, ...],
+        step_scheduler_with_optimizer: bool,
+        compiling: TorchDynamoPlugin | None,
+        size_auto_strategy: bool,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        self.device_placement = device_placement
+        self.rng_types = rng_types
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self._compiling = compiling
+        self._size_auto_strategy = size_auto_strategy
 
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepare modules, optimizers, LR schedulers and data loaders, in any order.
@@ -70,7 +82,7 @@ class Preparation(ProcessControl):
         else:
             for i in models:
                 result[i] = self.prepare_model(args[i], device_placement=placements[i])
-            _check_optimizers_train_a_model([args[i] for i in optimizers], self._models)
+            _check_optimizers_train_a_model([args[i] for i in optimizers], self._objects.models)
             for i in optimizers:
                 result[i] = self.prepare_optimizer(args[i], device_placement=placements[i])
         for i, obj in enumerate(args):
@@ -87,22 +99,12 @@ class Preparation(ProcessControl):
                 )
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _known(self, obj: Any) -> Any:
-        """What ``obj`` was prepared into (or ``obj`` itself if it is a prepared result), else None."""
-        entry = self._prepared.get(id(obj))
-        return entry[1] if entry is not None and entry[0] is obj else None
-
-    def _remember(self, result: Any, *keys: Any) -> None:
-        # The key object is kept with the result: an id alone could be reused by a new object.
-        for key in keys:
-            self._prepared[id(key)] = (key, result)
-
     def prepare_model(
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> nn.Module:
         """Place ``model``, set up its precision and wrap it for the strategy (not with ``evaluation_mode``)."""
         self._require_processes("prepare_model")
-        known = self._known(model)
+        known = self._objects.known(model)
         if known is not None:
             return known
         if self.strategy.requires_joint_setup and not evaluation_mode:
@@ -165,10 +167,10 @@ class Preparation(ProcessControl):
 
             if not is_compiled_module(original):  # a model the user compiled is not compiled again
                 returned = compile_module(wrapped, self._compiling)
-        self._models.append(wrapped)
-        self._remember(returned, original, wrapped, returned)
-        if self._backward_module is None:
-            self._backward_module = wrapped
+        self._objects.models.append(wrapped)
+        self._objects.remember(returned, original, wrapped, returned)
+        if self._objects.backward_module is None:
+            self._objects.backward_module = wrapped
         return returned
 
     def prepare_optimizer(
@@ -176,7 +178,7 @@ class Preparation(ProcessControl):
     ) -> PreparedOptimizer:
         """Wrap ``optimizer`` so it steps through the strategy and respects gradient accumulation."""
         self._require_processes("prepare_optimizer")
-        known = self._known(optimizer)
+        known = self._objects.known(optimizer)
         if known is not None:
             return known
         if isinstance(optimizer, PreparedOptimizer):
@@ -195,13 +197,13 @@ class Preparation(ProcessControl):
         self, original: Optimizer, raw: Optimizer, model: nn.Module | None
     ) -> PreparedOptimizer:
         prepared = PreparedOptimizer(raw, self.strategy, self.gradient_state, model)
-        self._optimizers.append(prepared)
-        self._remember(prepared, original, raw, prepared)
+        self._objects.optimizers.append(prepared)
+        self._objects.remember(prepared, original, raw, prepared)
         return prepared
 
     def _owner(self, optimizer: Optimizer) -> nn.Module | None:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        for model in self._models:
+        for model in self._objects.models:
             if ids & {id(p) for p in model.parameters()}:
                 return model
         return None
@@ -211,14 +213,14 @@ class Preparation(ProcessControl):
     ) -> None:
         claimed: set[int] = set()
         for j in optimizers:
-            known = self._known(result[j])
+            known = self._objects.known(result[j])
             if known is not None:
                 result[j] = known
                 claimed.add(j)
         optimizers = [j for j in optimizers if j not in claimed]
         for i in models:
             model = result[i]
-            known = self._known(model)
+            known = self._objects.known(model)
             if known is not None:
                 result[i] = known
                 continue
@@ -250,21 +252,21 @@ class Preparation(ProcessControl):
         """Wrap ``scheduler`` so it steps only when its optimizer stepped."""
         from drivetrain.data.loader import data_parallel_share
 
-        known = self._known(scheduler)
+        known = self._objects.known(scheduler)
         if known is not None:
             return known
         if isinstance(scheduler, PreparedScheduler):
             raise ValueError("This scheduler was prepared by another Accelerator; prepare the original one.")
         target = getattr(scheduler, "optimizer", None)
-        followed = [opt for opt in self._optimizers if target is opt or target is opt.optimizer]
+        followed = [opt for opt in self._objects.optimizers if target is opt or target is opt.optimizer]
         if not followed:
-            original = self._known(target)
+            original = self._objects.known(target)
             if isinstance(original, PreparedOptimizer):  # the strategy replaced it: follow the new one
                 scheduler.optimizer = original.optimizer
                 followed = [original]
         prepared = PreparedScheduler(
             scheduler,
-            followed or list(self._optimizers),
+            followed or list(self._objects.optimizers),
             self.gradient_state,
             # Data-parallel ranks: tensor-parallel peers share their batches.
             num_processes=1
@@ -272,8 +274,8 @@ class Preparation(ProcessControl):
             else data_parallel_share(self.strategy)[0],
             step_with_optimizer=self.step_scheduler_with_optimizer,
         )
-        self._schedulers.append(prepared)
-        self._remember(prepared, scheduler, prepared)
+        self._objects.schedulers.append(prepared)
+        self._objects.remember(prepared, scheduler, prepared)
         return prepared
 
     def prepare_data_loader(
@@ -287,7 +289,7 @@ class Preparation(ProcessControl):
             raise ValueError(
                 "slice_fn_for_dispatch is not supported; dispatched batches are sliced along dim 0."
             )
-        known = self._known(data_loader)
+        known = self._objects.known(data_loader)
         if known is not None:
             return known
         config = self.dataloader_config
@@ -311,8 +313,8 @@ class Preparation(ProcessControl):
             use_seedable_sampler=config.use_seedable_sampler,
             active_loaders=self.gradient_state.loaders,
         )
-        self._dataloaders.append(prepared)
-        self._remember(prepared, data_loader, prepared)
+        self._objects.dataloaders.append(prepared)
+        self._objects.remember(prepared, data_loader, prepared)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -323,13 +325,7 @@ class Preparation(ProcessControl):
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget every prepared object (and ``objects``), then collect garbage; returns ``None`` per object."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._prepared.clear()
-        self._compiled_views.clear()
-        self._backward_module = None
+        self._objects.clear()
         self.strategy.model = None
         self.gradient_state.step = 0
         gc.collect()

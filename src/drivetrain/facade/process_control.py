@@ -1,6 +1,6 @@
 """The Accelerator's questions and orders about processes: ranks, printing, waiting, collectives.
 
-A mixin of :class:`drivetrain.Accelerator`; everything here goes through ``self.strategy``.
+The base of :class:`drivetrain.Accelerator`; everything here goes through ``self.strategy``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from drivetrain._utilities import console
 from drivetrain.utils import collectives
 
 if TYPE_CHECKING:
-    from drivetrain.data.loader import PreparedDataLoader
+    from drivetrain.facade.prepared import PreparedObjects
     from drivetrain.facade.process_state import AcceleratorState
     from drivetrain.facade.state import GradientState
     from drivetrain.strategies.preemption import PreemptionWatch
@@ -29,15 +29,30 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ProcessControl:
-    """Ranks, process-restricted execution, synchronisation and collectives (mixin)."""
+    """Ranks, process-restricted execution, synchronisation and collectives (the Accelerator's base).
 
-    strategy: Strategy
-    gradient_state: GradientState
-    dataloader_config: DataLoaderConfiguration
-    _dataloaders: list[PreparedDataLoader]
-    _trigger: bool
+    Args:
+        strategy: the wired strategy every question and order goes through.
+        gradient_state: the Accelerator's accumulation and active-loader state.
+        dataloader_config: how ``prepare`` prepares loaders.
+        objects: the Accelerator's registry of prepared objects.
+    """
+
     _preemption: PreemptionWatch | None = None
     _preemption_checks = 0
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        gradient_state: GradientState,
+        dataloader_config: DataLoaderConfiguration,
+        objects: PreparedObjects,
+    ) -> None:
+        self.strategy = strategy
+        self.gradient_state = gradient_state
+        self.dataloader_config = dataloader_config
+        self._objects = objects
+        self._trigger = False
 
     @property
     def state(self) -> AcceleratorState:
@@ -249,7 +264,7 @@ class ProcessControl:
             even_batches = self.dataloader_config.even_batches
         else:
             skipped = False
-            for loader in self._dataloaders:
+            for loader in self._objects.dataloaders:
                 sampler: Any = loader.batch_sampler
                 if not hasattr(sampler, "even_batches"):
                     skipped = True

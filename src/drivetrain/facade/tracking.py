@@ -16,10 +16,9 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from drivetrain.facade.process_control import ProcessControl
-
 if TYPE_CHECKING:
     from drivetrain.loggers.trackers import GeneralTracker
+    from drivetrain.strategies.strategy import Strategy
     from drivetrain.utils.configuration import ProjectConfiguration
 
 
@@ -60,14 +59,25 @@ def warn_no_trackers() -> None:
     )
 
 
-class Tracking(ProcessControl):
-    """``init_trackers``, ``log``, ``get_tracker``, ``end_training`` (mixin of :class:`drivetrain.Accelerator`)."""
+class Trackers:
+    """``init_trackers``, ``log``, ``get_tracker``, ``end_training`` of one Accelerator.
 
-    project_configuration: ProjectConfiguration
-    trackers: list[Any]
-    _log_with: list[Any]
-    _trackers_started: bool
-    _warned_log: bool
+    Args:
+        strategy: which process is the main one (trackers run there only).
+        log_with: the checked ``log_with`` (:func:`check_log_with`).
+        project_configuration: ``logging_dir``.
+    """
+
+    def __init__(
+        self, strategy: Strategy, log_with: list[Any], project_configuration: ProjectConfiguration
+    ) -> None:
+        self.strategy = strategy
+        self.project_configuration = project_configuration
+        self._log_with = log_with
+        #: The started trackers (``accelerator.trackers``).
+        self.trackers: list[Any] = []
+        self._trackers_started = False
+        self._warned_log = False
 
     def init_trackers(
         self,
@@ -75,15 +85,8 @@ class Tracking(ProcessControl):
         config: dict[str, Any] | None = None,
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Build and start the ``log_with`` trackers (main process only) and record ``config`` in each.
-
-        Args:
-            project_name: the experiment: named trackers write under ``logging_dir/project_name``.
-            config: hyperparameters, given to each tracker's ``store_init_configuration``.
-            init_kwargs: tracker name -> the keyword arguments its constructor gets
-                (``{"wandb": {"entity": "me"}}``).
-        """
-        if self.is_main_process:
+        """See :meth:`drivetrain.Accelerator.init_trackers`."""
+        if self.strategy.is_global_zero:
             self.trackers = create_trackers(
                 self._log_with, project_name, self.project_configuration.logging_dir, init_kwargs
             )
@@ -97,18 +100,7 @@ class Tracking(ProcessControl):
     def log(
         self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None
     ) -> None:
-        """Give ``values`` at ``step`` to every tracker's ``log`` on the main process.
-
-        Args:
-            values: the values; drivetrain's trackers take numbers and one-element tensors (nested
-                dicts become ``a/b`` names), TensorBoard's strings too; your own trackers get them as given.
-            step: the step they belong to.
-            log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
-
-        Raises:
-            RuntimeError: before ``init_trackers``.
-            ValueError: ``log_kwargs`` for a tracker that is not started.
-        """
+        """See :meth:`drivetrain.Accelerator.log`."""
         if not self._log_with:
             if not self._warned_log:
                 self._warned_log = True
@@ -118,7 +110,7 @@ class Tracking(ProcessControl):
             raise RuntimeError(
                 "Accelerator.log() before init_trackers(project_name): start the trackers first."
             )
-        if not self.is_main_process:
+        if not self.strategy.is_global_zero:
             return
         log_kwargs = dict(log_kwargs or {})
         unknown = sorted(set(log_kwargs) - {tracker.name for tracker in self.trackers})
@@ -131,19 +123,7 @@ class Tracking(ProcessControl):
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker called ``name`` (``"wandb"``, your tracker's ``name`` …).
-
-        Args:
-            name: the tracker's ``name``; a logger's class name (``"WandbLogger"``) works too.
-            unwrap: return what it writes through (its ``tracker``): the ``SummaryWriter``, the W&B
-                run, the ``MlflowClient`` (Accelerate returns the active MLflow run there).
-
-        Off the main process, where no tracker runs, a blank tracker whose methods do nothing (as
-        in Accelerate), so ``get_tracker("wandb").log(...)`` runs on every rank.
-
-        Raises:
-            ValueError: (main process) no started tracker has that name.
-        """
+        """See :meth:`drivetrain.Accelerator.get_tracker`."""
         from drivetrain.loggers.trackers import GeneralTracker
 
         wanted = name.lower()
@@ -154,7 +134,7 @@ class Tracking(ProcessControl):
                 names.add(type(inner).__name__.lower())
             if wanted in names:
                 return tracker.tracker if unwrap else tracker
-        if self.is_main_process:
+        if self.strategy.is_global_zero:
             started = [tracker.name for tracker in self.trackers]
             raise ValueError(
                 f"No tracker {name!r} was started (started: {started or 'none'}). Name it in log_with= and call "
@@ -163,11 +143,7 @@ class Tracking(ProcessControl):
         return GeneralTracker(_blank=True)
 
     def end_training(self) -> None:
-        """Finish the trackers, ending their runs (call at the end of the script).
-
-        Unlike Accelerate's, it leaves the process group alone (drivetrain releases it when the
-        process exits), so waiting, gathering and saving after it still work.
-        """
+        """See :meth:`drivetrain.Accelerator.end_training`."""
         for tracker in self.trackers:
             tracker.finish()
         self._trackers_started = False
