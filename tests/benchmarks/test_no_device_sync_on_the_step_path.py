@@ -178,7 +178,10 @@ def test_the_counter_sees_a_wait_in_drivetrains_code(
     )
     namespace: dict[str, Any] = {"plain": step_policy.plain_optimizer_step}
     exec(compile(source, step_policy.__file__, "exec"), namespace)
-    monkeypatch.setattr(step_policy, "plain_optimizer_step", namespace["plain_optimizer_step"])
+    from drivetrain.strategies import strategy
+
+    # Strategy.step_functions hands out the plain step it imported from step_policy.
+    monkeypatch.setattr(strategy, "plain_optimizer_step", namespace["plain_optimizer_step"])
     _trainer_fit("cpu", log=False, progress_bar=False)  # 32-true: the plain optimizer step
     assert list(waits.calls.values()) == [STEPS - COUNTED_FROM_STEP], dict(waits.calls)
 

@@ -89,3 +89,20 @@ def test_settings_that_need_a_running_job_are_explained() -> None:
         prepare_data_loader(loader, num_processes=2, process_index=1, rng_types=["torch"])
     with pytest.raises(ValueError, match="use_stateful_dataloader=True\\) is not supported"):
         prepare_data_loader(loader, use_stateful_dataloader=True)
+
+
+def test_explicit_shares_do_not_depend_on_a_one_process_accelerator_being_alive() -> None:
+    import drivetrain as dt
+
+    accelerator = dt.Accelerator(cpu=True)  # alive in this process, on one process
+    shares = [
+        [
+            batch.tolist()
+            for batch in prepare_data_loader(
+                DataLoader(range(8), batch_size=2), num_processes=2, process_index=i
+            )
+        ]
+        for i in range(2)
+    ]
+    assert shares == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    assert accelerator.num_processes == 1

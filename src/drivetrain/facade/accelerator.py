@@ -548,6 +548,8 @@ class Accelerator(Preparation):
         self,
         input_dir: str | os.PathLike[str] | None = None,
         load_kwargs: dict[str, Any] | None = None,
+        *,
+        map_location: str | None = None,
         **kwargs: Any,
     ) -> str:
         """Restore what :meth:`save_state` saved; prepared loaders continue with the next unseen batch.
@@ -558,7 +560,7 @@ class Accelerator(Preparation):
             load_kwargs: ``{"weights_only": False}`` unpickles the state without restrictions,
                 which can run code from the files: only for checkpoints from a trusted source.
                 By default only tensors, plain values and allow-listed classes are read.
-            map_location: (keyword) where saved tensors are read to before they are restored:
+            map_location: where saved tensors are read to before they are restored:
                 ``"cpu"`` or ``"on_device"`` (this process's device); by default where they were
                 saved from. Sharded states are read straight into the live shards.
 
@@ -573,7 +575,7 @@ class Accelerator(Preparation):
         Returns:
             The directory loaded.
         """
-        return self._checkpoints.load_state(input_dir, load_kwargs, **kwargs)
+        return self._checkpoints.load_state(input_dir, load_kwargs, map_location=map_location, **kwargs)
 
     def register_save_state_pre_hook(
         self, hook: Callable[[list[nn.Module], list[dict[str, Any]], str], None]

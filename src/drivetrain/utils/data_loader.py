@@ -83,7 +83,10 @@ def prepare_data_loader(
         )
     strategy = current_strategy()
     share = None
-    if strategy is None:
+    # A one-process run has nothing to contradict: explicit shares are computed as without a run (the
+    # answer must not depend on whether some Accelerator of one process happens to be alive).
+    asks_for_shares = num_processes not in (None, 1) or process_index not in (None, 0)
+    if strategy is None or (strategy.world_size == 1 and asks_for_shares):
         strategy, share = _standalone(device, num_processes, process_index, rng_types)
     else:
         _check_run(strategy, device, num_processes, process_index)
