@@ -123,3 +123,17 @@ def _no_process_group_left_behind(request: pytest.FixtureRequest) -> object:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail(f"{request.node.nodeid} left a default process group in the pytest process; tear it down")
+
+
+#: Markers of tests that start several processes (ranks, launchers, killed programs). Under pytest-xdist
+#: (``scripts/test`` runs two workers) they all run on one worker, one after the other, so at most one
+#: multi-process job shares the machine with the other worker's single-process tests.
+_PROCESS_HEAVY = ("multiprocess", "faults", "deepspeed", "mpi", "compat")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if any(item.get_closest_marker(name) is not None for name in _PROCESS_HEAVY):
+            item.add_marker(pytest.mark.xdist_group("processes"))
