@@ -39,16 +39,20 @@ def test_importing_the_trainer_loads_only_the_trainer_and_the_module() -> None:
     loaded = _loaded("from drivetrain import Trainer, TrainingModule, DataModule")
     assert _packages(loaded) == {"drivetrain._utilities", "drivetrain.trainer"}
     trainer_modules = {m for m in loaded if m.startswith("drivetrain.trainer.")}
-    assert trainer_modules <= {
-        "drivetrain.trainer.trainer",
-        "drivetrain.trainer.module",
-        "drivetrain.trainer.loop_hooks",  # TrainingModule's mixins: the overridable loop hooks
-        "drivetrain.trainer.module_tools",  # and freeze/toggle/export helpers (parts of the class itself)
-        "drivetrain.trainer.datamodule",
-        "drivetrain.trainer.hparams",
-        "drivetrain.trainer.properties",
-        "drivetrain.trainer.state",
-    }, "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
+    assert (
+        trainer_modules
+        <= {
+            "drivetrain.trainer.trainer",
+            "drivetrain.trainer.module",
+            "drivetrain.trainer.loop_hooks",  # TrainingModule's mixins: the overridable loop hooks
+            "drivetrain.trainer.module_tools",  # and freeze/toggle/export helpers (parts of the class itself)
+            "drivetrain.trainer.datamodule",
+            "drivetrain.trainer.hparams",
+            "drivetrain.trainer.properties",
+            "drivetrain.trainer.run_state",  # the run state's dataclass (its parts are imported under TYPE_CHECKING)
+            "drivetrain.trainer.state",
+        }
+    ), "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
     assert not [m for m in loaded if not m.startswith("drivetrain")], "no third-party or stdlib extras"
 
 
@@ -110,6 +114,33 @@ def test_a_name_from_a_package_does_not_load_its_siblings(statement: str) -> Non
     loaded = _loaded(statement)
     for heavy in ("drivetrain.strategies.ddp", "drivetrain.trainer.trainer", "drivetrain.facade.accelerator"):
         assert heavy not in loaded, f"{statement} loaded {heavy}"
+
+
+def test_subpackages_are_attributes_imported_on_first_use() -> None:
+    # Lightning users write pl.callbacks.X / pl.loggers.X; here the packages resolve as attributes of the
+    # lazy root and of every lazy package, without `import drivetrain` importing them.
+    statement = (
+        "import drivetrain as dt; loaded_by_import = sorted(m for m in sys.modules if m.startswith('drivetrain.'));"
+        "names = [dt.trainer.callbacks.ModelCheckpoint, dt.loggers.CSVLogger, dt.strategies.DDPStrategy,"
+        " dt.strategies.launchers.Launcher, dt.utils.set_seed, dt.plugins.precision.Precision,"
+        " dt.plugins.environments.SLURMEnvironment, dt.accelerators.CPUAccelerator, dt.profilers.SimpleProfiler,"
+        " dt.cli.main, dt.facade.Accelerator, dt.trainer.tuner.Tuner];"
+        "assert [n.__name__ for n in names[:3]] == ['ModelCheckpoint', 'CSVLogger', 'DDPStrategy'];"
+        "assert {'trainer', 'loggers', 'strategies'} <= set(dir(dt)) and 'callbacks' in dir(dt.trainer);"
+        "print(json.dumps(loaded_by_import)); raise SystemExit"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE.format(statement=statement)], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout) == []
+    missing = subprocess.run(
+        [sys.executable, "-c", "import drivetrain as dt; dt.trainer.nothing_here"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "AttributeError: module 'drivetrain.trainer' has no attribute 'nothing_here'" in missing.stderr
 
 
 def test_the_launch_command_loads_neither_the_other_commands_nor_yaml() -> None:
