@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.datamodule import DataModule
+    from drivetrain.trainer.loop_views import EvaluationLoopView, FitLoopView
     from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.run_state import RunState
@@ -154,6 +155,16 @@ class TrainerProperties:
     @property
     def max_steps(self) -> int:
         return self._run.settings.max_steps
+
+    @property
+    def min_epochs(self) -> int:
+        """Epochs to train before a stop request (early stopping, ``should_stop``) is honoured (0: none)."""
+        return self._run.settings.min_epochs
+
+    @property
+    def min_steps(self) -> int:
+        """Optimizer steps to take before a stop request is honoured (0: none)."""
+        return self._run.settings.min_steps
 
     @property
     def val_check_interval(self) -> int | float:
@@ -322,11 +333,37 @@ class TrainerProperties:
         return self._run.scheduler_configs
 
     @property
+    def fit_loop(self) -> FitLoopView:
+        """Lightning's fit loop as a read-only view of this Trainer's run: ``max_epochs``, ``epoch_progress``,
+        ``epoch_loop.batch_progress``, ``epoch_loop.val_loop`` … (:mod:`drivetrain.trainer.loop_views`).
+
+        For callbacks written for Lightning; :attr:`fit_progress` says the same in drivetrain's words.
+        """
+        from drivetrain.trainer.loop_views import FitLoopView
+
+        return FitLoopView(self._run)
+
+    @property
+    def validate_loop(self) -> EvaluationLoopView:
+        """Lightning's ``trainer.validate`` loop as a read-only view (``batch_progress``, ``max_batches``)."""
+        from drivetrain.trainer.loop_views import EvaluationLoopView
+
+        return EvaluationLoopView(self._run, "validate")
+
+    @property
+    def test_loop(self) -> EvaluationLoopView:
+        """Lightning's test loop as a read-only view (``batch_progress``, ``max_batches``)."""
+        from drivetrain.trainer.loop_views import EvaluationLoopView
+
+        return EvaluationLoopView(self._run, "test")
+
+    @property
     def predict_loop(self) -> PredictionLoop | None:
         """The prediction loop of the current (or last) ``predict`` in this process (``None`` before one).
 
         A prediction writer reads ``current_batch_indices`` (the dataset indices of the batch being
-        predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning.
+        predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning; its
+        ``batch_progress`` counts the batches predicted.
         """
         return self._run.predict_loop
 

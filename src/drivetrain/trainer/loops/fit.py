@@ -137,6 +137,8 @@ class FitLoop:
         # in Lightning; evaluation puts every submodule back in its mode when it ends.
         run.module._results = results
         resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
+        if resuming:
+            progress.begin_epoch(hook_runs=False)
         if not progress.epoch_finished:
             if not resuming:
                 if progress.epoch and run.data.reload_if_due(RunningStage.TRAINING, progress.epoch):
@@ -144,7 +146,11 @@ class FitLoop:
                     self.val_check_batch = self._val_check_batch()
                 results.reset()
                 results.batch_level = False
+                progress.begin_epoch(hook_runs=True)
                 hooks.call("on_train_epoch_start")
+                progress.epoch_started = True
+                # Lightning's total of validation batches inside fit starts again with each epoch's batches.
+                run.evaluation_counts.forget("fit_validation", latest=False)
             results.batch_level = True
             profiler = run.features.profiler
             with profiler.profile("run_training_epoch") if profiler is not None else nullcontext():
@@ -183,10 +189,7 @@ class FitLoop:
             )
         run.metrics.persist(results)
         results.end_epoch()
-        progress.epoch += 1
-        progress.batches_done = 0
-        progress.epoch_finished = False
-        progress.epoch_ending = False
+        progress.end_epoch()
 
     def _epoch_iterator(self) -> Iterator[Any]:
         loader = self.run_state.data.train_loader
