@@ -37,7 +37,8 @@ class LoopSettings:
     num_sanity_val_steps: int
     accumulate_grad_batches: int
     gradient_clip_val: float | None
-    gradient_clip_algorithm: str
+    #: as given (``None``: not set, clipping by norm), as Lightning passes it to ``configure_gradient_clipping``
+    gradient_clip_algorithm: str | None
     log_every_n_steps: int
     fast_dev_run: int
     inference_mode: bool
@@ -195,7 +196,7 @@ def build_settings(
         num_sanity_val_steps=sanity,
         accumulate_grad_batches=accumulate,
         gradient_clip_val=gradient_clip_val,
-        gradient_clip_algorithm=gradient_clip_algorithm or "norm",
+        gradient_clip_algorithm=gradient_clip_algorithm,
         log_every_n_steps=log_every,
         fast_dev_run=fast,
         inference_mode=inference_mode,

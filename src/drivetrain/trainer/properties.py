@@ -172,6 +172,42 @@ class TrainerProperties:
         return self._run.settings.val_check_interval
 
     @property
+    def limit_train_batches(self) -> int | float:
+        """Training batches per epoch: a count (int) or a fraction of the loader (float); ``overfit_batches``
+        when overfitting and ``fast_dev_run``'s count under it, as in Lightning."""
+        return self._run.features.overfit_batches or self._run.settings.limit_train_batches
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        """Validation batches per loader: a count (int) or a fraction (float); 0 turns validation off."""
+        return self._run.features.overfit_batches or self._run.settings.limit_val_batches
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        return self._run.settings.limit_test_batches
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        return self._run.settings.limit_predict_batches
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches per loader the sanity check runs before training (``inf`` for all, as Lightning
+        reports ``num_sanity_val_steps=-1``; 0 under ``fast_dev_run``)."""
+        steps = self._run.settings.num_sanity_val_steps
+        return math.inf if steps == -1 else steps
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        """The clipping threshold (``None``: no clipping)."""
+        return self._run.settings.gradient_clip_val
+
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        """``"norm"`` or ``"value"`` as given (``None``: not given; clipping is by norm)."""
+        return self._run.settings.gradient_clip_algorithm
+
+    @property
     def check_val_every_n_epoch(self) -> int | None:
         """Validate in every n-th epoch (``None``: ``val_check_interval`` counts batches across epochs)."""
         return self._run.settings.check_val_every_n_epoch
@@ -435,6 +471,12 @@ class TrainerProperties:
     @property
     def predicting(self) -> bool:
         return self.state.stage == RunningStage.PREDICTING
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation (its sanity check included) or test loop is running."""
+        stage = self.state.stage
+        return stage is not None and stage.evaluating
 
     @property
     def interrupted(self) -> bool:

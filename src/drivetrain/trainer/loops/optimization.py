@@ -313,7 +313,9 @@ class Optimization:
         if self._clip_hook is not None:
             self._clip_hook(optimizer, self.clip_value, self.clip_algorithm)
         elif self.clip_value is not None:
-            clip_gradients(self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm)
+            clip_gradients(
+                self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm or "norm"
+            )
 
     def _optimizer_step(self, closure: Callable[[], Any] | None) -> Any:
         optimizer = self.optimizer
