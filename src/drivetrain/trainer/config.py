@@ -77,8 +77,8 @@ def parse_max_time(value: Any, name: str = "max_time") -> datetime.timedelta | N
             ) from None
     else:
         raise TypeError(f"{name} expects 'DD:HH:MM:SS', a datetime.timedelta or a dict, got {value!r}.")
-    if duration.total_seconds() <= 0:
-        raise ValueError(f"{name}={value!r} is not a positive duration.")
+    if duration.total_seconds() < 0:
+        raise ValueError(f"{name}={value!r} is negative; use a duration >= 0 (0: stop at the first check).")
     return duration
 
 
