@@ -105,7 +105,7 @@ class AdvancedProfiler(Profiler):
         paths.makedirs(self.dirpath)
         profile.create_stats()
         with paths.open_file(paths.join(self.dirpath, f"{name.strip() or 'profile'}.prof"), "wb") as file:
-            marshal.dump(profile.stats, file)  # type: ignore[attr-defined]  # what Profile.dump_stats writes
+            marshal.dump(profile.stats, file)  # what Profile.dump_stats writes
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
