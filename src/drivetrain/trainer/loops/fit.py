@@ -22,7 +22,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.strategies.preemption import PreemptionWatch
-from drivetrain.trainer import preemption
+from drivetrain.trainer import info_lines, preemption
 from drivetrain.trainer.checkpointing import restore_generators
 from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.evaluation import limit_below_length, run_evaluation
@@ -108,6 +108,7 @@ class FitLoop:
         assert hooks is not None
         if self.settings.max_time is not None:
             self._deadline = time.monotonic() + self.settings.max_time.total_seconds()
+        info_lines.fit_started(run.features.barebones)
         hooks.call("on_fit_start")
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
         self.num_batches = run.data.num_training_batches
@@ -119,6 +120,7 @@ class FitLoop:
         with preemption.watching(trainer, run.progress) as self._preemption:
             while not self.done():
                 self.run_epoch()
+        info_lines.fit_stopped(self.settings, run.progress.epoch, run.progress.global_step)
         hooks.call("on_train_end")
         hooks.call("on_fit_end")
 
