@@ -521,10 +521,16 @@ def module_hooks(module: Any, strategy: Any) -> dict[str, Callable[..., Any]]:
         type(strategy).backward is not Strategy.backward
         or type(strategy.precision).backward is not Precision.backward
     ):
-        raise ValueError(
+        # Lightning (with DeepSpeed) accepts the override, warns and ignores it: so does drivetrain.
+        import warnings
+
+        del found["backward"]
+        warnings.warn(
             f"{type(module).__name__} overrides backward(), but {type(strategy).__name__} runs the backward pass "
-            f"itself (its own backward(), as DeepSpeed's engine does, or its precision's), so the override could not be honoured. Move "
-            f"that code to on_before_backward/on_after_backward, or use another strategy."
+            f"itself (its own backward(), as DeepSpeed's engine does, or its precision's), so the override is "
+            f"ignored. Move that code to on_before_backward/on_after_backward, or use another strategy.",
+            UserWarning,
+            stacklevel=2,
         )
     return found
 
