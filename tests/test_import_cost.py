@@ -116,6 +116,33 @@ def test_a_name_from_a_package_does_not_load_its_siblings(statement: str) -> Non
         assert heavy not in loaded, f"{statement} loaded {heavy}"
 
 
+def test_subpackages_are_attributes_imported_on_first_use() -> None:
+    # Lightning users write pl.callbacks.X / pl.loggers.X; here the packages resolve as attributes of the
+    # lazy root and of every lazy package, without `import drivetrain` importing them.
+    statement = (
+        "import drivetrain as dt; loaded_by_import = sorted(m for m in sys.modules if m.startswith('drivetrain.'));"
+        "names = [dt.trainer.callbacks.ModelCheckpoint, dt.loggers.CSVLogger, dt.strategies.DDPStrategy,"
+        " dt.strategies.launchers.Launcher, dt.utils.set_seed, dt.plugins.precision.Precision,"
+        " dt.plugins.environments.SLURMEnvironment, dt.accelerators.CPUAccelerator, dt.profilers.SimpleProfiler,"
+        " dt.cli.main, dt.facade.Accelerator, dt.trainer.tuner.Tuner];"
+        "assert [n.__name__ for n in names[:3]] == ['ModelCheckpoint', 'CSVLogger', 'DDPStrategy'];"
+        "assert {'trainer', 'loggers', 'strategies'} <= set(dir(dt)) and 'callbacks' in dir(dt.trainer);"
+        "print(json.dumps(loaded_by_import)); raise SystemExit"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE.format(statement=statement)], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout) == []
+    missing = subprocess.run(
+        [sys.executable, "-c", "import drivetrain as dt; dt.trainer.nothing_here"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "AttributeError: module 'drivetrain.trainer' has no attribute 'nothing_here'" in missing.stderr
+
+
 def test_the_launch_command_loads_neither_the_other_commands_nor_yaml() -> None:
     # `drivetrain launch` starts the ranks only after it has parsed its command line: whatever it
     # imports first, every rank waits for.

@@ -105,6 +105,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names above
+    # The subpackages are attributes too (``dt.trainer.callbacks.ModelCheckpoint``), imported on first use.
+    from drivetrain import accelerators as accelerators
+    from drivetrain import big_modeling as big_modeling
+    from drivetrain import cli as cli
+    from drivetrain import data as data
+    from drivetrain import facade as facade
+    from drivetrain import loggers as loggers
+    from drivetrain import plugins as plugins
+    from drivetrain import profilers as profilers
+    from drivetrain import strategies as strategies
+    from drivetrain import trainer as trainer
+    from drivetrain import utils as utils
     from drivetrain._utilities.seed import seed_everything
     from drivetrain.big_modeling import (
         cpu_offload,
@@ -146,6 +158,13 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        from drivetrain._utilities.lazy import (
+            import_submodule,
+        )  # here: `import drivetrain` imports nothing else
+
+        submodule = import_submodule(__name__, name)
+        if submodule is not None:
+            return submodule
         raise AttributeError(f"module 'drivetrain' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
@@ -153,4 +172,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    from drivetrain._utilities.lazy import public_submodules
+
+    return sorted(set(globals()) | set(__all__) | public_submodules(__name__))

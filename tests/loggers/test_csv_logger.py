@@ -62,6 +62,26 @@ def test_hyperparameters_are_merged_into_yaml(tmp_path: Path) -> None:
     assert saved == {"lr": 0.1, "layers": [4, 8], "nested": {"a": 1}, "batch_size": 32, "device": "cpu"}
 
 
+def test_the_experiment_is_lightnings_experiment_writer(tmp_path: Path) -> None:
+    # Lightning's tests and callbacks write through logger.experiment and read its buffer and file path.
+    logger = CSVLogger(tmp_path)
+    experiment = logger.experiment
+    experiment.log_metrics({"loss": torch.tensor(0.5)}, step=3)
+    experiment.log_metrics({"acc": 1.0})
+    assert experiment.metrics == [{"loss": 0.5, "step": 3}, {"acc": 1.0, "step": 1}]
+    assert not Path(experiment.metrics_file_path).exists()
+    experiment.save()
+    assert experiment.metrics == [] and experiment.metrics_keys == ["step", "acc", "loss"]
+    assert experiment.metrics_file_path == logger.metrics_file_path and experiment.log_dir == logger.log_dir
+    assert [(r["step"], r["loss"], r["acc"]) for r in _rows(experiment.metrics_file_path)] == [
+        ("3", "0.5", ""),
+        ("1", "", "1.0"),
+    ]
+    experiment.log_hparams({"lr": 0.1})
+    assert experiment.hparams == {"lr": 0.1}
+    assert yaml.safe_load(Path(logger.log_dir, "hparams.yaml").read_text()) == {"lr": 0.1}
+
+
 def test_only_rank_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)

@@ -183,6 +183,20 @@ def test_unwrap_module_removes_compile_and_ddp_wrappers() -> None:
     assert set(state) == {"weight", "bias"}
 
 
+def test_connect_attaches_a_model_as_lightning_does() -> None:
+    strategy = dt.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False).strategy
+    assert strategy.lightning_module is None
+    model = nn.Linear(2, 2)
+    strategy.connect(model)
+    assert strategy.model is model and strategy.lightning_module is model
+    strategy.model = torch.compile(model)  # whatever wraps it, lightning_module is the user's module
+    assert strategy.lightning_module is model
+    with pytest.raises(
+        TypeError, match=r"SingleDeviceStrategy.connect\(model\) expects a torch.nn.Module .* got str"
+    ):
+        strategy.connect("model")  # type: ignore[arg-type]
+
+
 def test_subclass_defining_register_strategies_is_registered() -> None:
     class MyStrategy(SingleDeviceStrategy):
         @classmethod

@@ -114,13 +114,25 @@ def test_timer_without_a_limit_measures_real_stages() -> None:
     assert trainer.global_step == 8
 
 
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_zero_duration_stops_before_the_first_batch_as_in_lightning(interval: str) -> None:
+    trainer = quiet_trainer(
+        max_epochs=3, callbacks=[Timer(duration=datetime.timedelta(0), interval=interval)]
+    )
+    trainer.fit(Regression(), loader())
+    assert (trainer.global_step, trainer.current_epoch) == (0, 0)
+    held = quiet_trainer(min_epochs=2, callbacks=[Timer(duration="00:00:00:00")])  # min_epochs still hold
+    held.fit(Regression(), loader())
+    assert held.current_epoch == 2
+
+
 def test_timer_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match=r"Timer\(duration\)='1 hour'; write it as 'DD:HH:MM:SS'"):
         Timer(duration="1 hour")
     with pytest.raises(ValueError, match="use 'step' or 'epoch'"):
         Timer(interval="batch")
-    with pytest.raises(ValueError, match="not a positive duration"):
-        Timer(duration=datetime.timedelta(0))
+    with pytest.raises(ValueError, match=r"is negative; use a duration >= 0"):
+        Timer(duration=datetime.timedelta(seconds=-1))
     with pytest.raises(ValueError, match="Unknown stage 'training'; use one of train, sanity_check"):
         Timer().time_elapsed("training")
 

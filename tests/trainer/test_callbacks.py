@@ -104,11 +104,12 @@ def test_learning_rate_monitor_logs_every_group(tmp_path: Path) -> None:
     logger.save()
     with open(logger.metrics_file_path, newline="") as file:
         rows = [r for r in csv.DictReader(file) if r.get("lr-SGD/pg1")]
+    # Lightning's moments: before the batch whose optimizer step makes a multiple of log_every_n_steps.
     assert [(r["step"], float(r["lr-SGD/pg1"]), float(r["lr-SGD/pg2"])) for r in rows] == [
-        ("0", 1.0, 0.5),
-        ("2", 0.25, 0.125),
+        ("1", 0.5, 0.25),
+        ("3", 0.125, 0.0625),
     ]
-    assert all(float(r["momentum-SGD/pg1"]) == 0.9 for r in rows)
+    assert all(float(r["lr-SGD/pg1-momentum"]) == 0.9 for r in rows)
 
 
 def test_learning_rate_monitor_needs_a_logger() -> None:
@@ -126,9 +127,27 @@ def test_throughput_monitor_reports_rates_and_mfu() -> None:
     trainer = quiet_trainer(max_steps=8, log_every_n_steps=4, callbacks=[monitor])
     trainer.fit(Measured(), loader())
     rates = monitor.last
-    assert rates["throughput/batches_per_sec"] > 0
-    assert rates["throughput/samples_per_sec"] == pytest.approx(rates["throughput/batches_per_sec"] * 8)
-    assert rates["throughput/device/mfu"] == pytest.approx(rates["throughput/device/flops_per_sec"] / 1e9)
+    assert rates["train/device/batches_per_sec"] > 0 and (rates["train/batches"], rates["train/samples"]) == (
+        8,
+        64,
+    )
+    assert rates["train/device/samples_per_sec"] == pytest.approx(rates["train/device/batches_per_sec"] * 8)
+    assert rates["train/device/mfu"] == pytest.approx(rates["train/device/flops_per_sec"] / 1e9)
+    assert "train/batches_per_sec" not in rates  # the all-process rates when there are several processes
+    assert rates["train/time"] > 0
+
+
+def test_throughput_monitor_takes_lightnings_length_fn_and_separator() -> None:
+    monitor = ThroughputMonitor(
+        lambda batch: 2 * len(batch[0]), length_fn=lambda batch: batch[0].numel(), separator="|"
+    )
+    quiet_trainer(max_steps=4, log_every_n_steps=2, callbacks=[monitor]).fit(Regression(), loader())
+    rates = monitor.last
+    assert (rates["train|samples"], rates["train|lengths"]) == (
+        4 * 16,
+        4 * 8 * 4,
+    )  # batches of 8 with 4 features
+    assert rates["train|device|items_per_sec"] == pytest.approx(rates["train|device|samples_per_sec"] * 2)
 
 
 def test_model_summary_logs_layers_and_totals(caplog: pytest.LogCaptureFixture) -> None:

@@ -192,9 +192,8 @@ def test_schedule_arguments_are_checked() -> None:
         ModelCheckpoint(save_on_train_epoch_end="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="enable_version_counter"):
         ModelCheckpoint(enable_version_counter=None)  # type: ignore[arg-type]
-    # Lightning's save_last="link" was taken as True and wrote a copy, not the link it asks for.
-    with pytest.raises(ValueError, match=r"save_last='link'.*use save_last=True"):
-        ModelCheckpoint(save_last="link")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"save_last='link'.*needs a local folder; dirpath=memory://runs/c"):
+        ModelCheckpoint(dirpath="memory://runs/c", save_last="link")
     with pytest.raises(TypeError, match="save_last"):
         ModelCheckpoint(save_last="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="without folders or extension"):
@@ -311,3 +310,38 @@ def test_scores_are_tensors_as_in_lightning_also_after_a_resume(tmp_path: Path) 
         assert stopping.best_score.item() == 1.5
         assert sorted(score.item() for score in checkpoint.best_k_models.values()) == kept
         assert f"{checkpoint.best_model_score:.2f}" == "1.50"
+
+
+def test_save_last_link_points_last_at_the_latest_checkpoint_and_resumes(tmp_path: Path) -> None:
+    # Lightning's save_last="link": last.ckpt is a (relative) link to the newest checkpoint saved, replaced in one
+    # rename; a validation that does not enter the top k leaves it on the previous one.
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, filename="{step}", monitor="score", save_top_k=2, save_last="link"
+    )
+    model = _fit(tmp_path, checkpoint, [3.0, 1.0, 2.0, 4.0], max_epochs=2)
+    last = tmp_path / "last.ckpt"
+    assert last.is_symlink() and os.readlink(last) == "step=12.ckpt"  # score 2.0, the newest in the top 2
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "step=12.ckpt", "step=8.ckpt"]  # no temporary left
+    assert checkpoint.last_model_path == str(last) and checkpoint.current_score.item() == 2.0  # type: ignore[union-attr]
+    assert_same_weights(_saved_weights(last), model.weights_at[2.0])
+    resumed = quiet_trainer(
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last="link")],
+        enable_checkpointing=True,
+        max_epochs=3,
+    )
+    resumed.fit(Scripted([5.0] * 6), loader(), loader(batch_size=64), ckpt_path="last")
+    assert resumed.ckpt_path == str(last) and resumed.global_step == 24
+
+
+def test_current_score_and_to_yaml(tmp_path: Path) -> None:
+    import yaml
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "c", filename="{step}", monitor="score", save_top_k=2)
+    assert checkpoint.current_score is None
+    _fit(tmp_path, checkpoint, [3.0, 1.0, 2.0], max_epochs=3, val_check_interval=1.0)
+    assert checkpoint.current_score.item() == 2.0  # type: ignore[union-attr]  # the last one that entered the top k
+    checkpoint.to_yaml()
+    saved = yaml.safe_load((tmp_path / "c" / "best_k_models.yaml").read_text())
+    assert saved == {str(tmp_path / "c" / "step=16.ckpt"): 1.0, str(tmp_path / "c" / "step=24.ckpt"): 2.0}
+    checkpoint.to_yaml(tmp_path / "other.yaml")
+    assert yaml.safe_load((tmp_path / "other.yaml").read_text()) == saved

@@ -370,6 +370,52 @@ def test_module_and_callback_checkpoint_hooks_round_trip(tmp_path: Path) -> None
     assert counting.batches == 8  # 5 restored + the 3 batches left of the epoch
 
 
+def test_checkpoint_hooks_see_lightnings_keys_and_what_they_change_is_saved(tmp_path: Path) -> None:
+    # Hooks written for Lightning read checkpoint["lr_schedulers"], ["optimizer_states"] and ["state_dict"]
+    # as plain states (a KeyError here before), and may change them.
+    seen: dict[str, Any] = {}
+
+    class Scheduled(Regression):
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            seen["saved"] = (
+                checkpoint["lr_schedulers"][0]["last_epoch"],
+                checkpoint["optimizer_states"][0]["param_groups"][0]["lr"],
+                sorted(checkpoint["state_dict"]),
+            )
+            checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = 0.5  # saved as changed
+
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            seen["loaded"] = (
+                checkpoint["lr_schedulers"][0]["last_epoch"],
+                checkpoint["optimizer_states"][0]["param_groups"][0]["lr"],
+                checkpoint["epoch"],
+                sorted(checkpoint["state_dict"]) == seen["saved"][2],
+            )
+
+    class Reader(Callback):  # a callback's hook gets the same dictionary
+        def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+            seen["callback"] = len(checkpoint["optimizer_states"]), len(checkpoint["lr_schedulers"])
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    trainer = quiet_trainer(max_epochs=1, callbacks=[checkpoint, Reader()], enable_checkpointing=True)
+    trainer.fit(Scheduled(), loader())
+    assert seen["saved"][:2] == (0, 0.1) and "net.0.weight" in seen["saved"][2] and seen["callback"] == (1, 1)
+    saved = torch.load(tmp_path / "step=4.ckpt", weights_only=True)
+    assert {"optimizer_0", "scheduler_0"} <= saved.keys()
+    assert not {"optimizer_states", "lr_schedulers"} & saved.keys()
+    assert saved["optimizer_0"]["param_groups"][0]["lr"] == 0.5
+    resumed = quiet_trainer(max_epochs=1)
+    resumed.fit(Scheduled(), loader(), ckpt_path=tmp_path / "step=4.ckpt")  # resumes mid-epoch
+    assert seen["loaded"] == (0, 0.5, 0, True)
+    # Evaluation with ckpt_path: the weights are loaded; the saved optimizer and scheduler states are shown.
+    resumed.validate(Scheduled(), loader(), ckpt_path=tmp_path / "step=4.ckpt", verbose=False)
+    assert seen["loaded"][:3] == (0, 0.5, 0)
+
+
 def test_evaluating_without_a_model_after_fit_says_it_uses_the_current_weights(tmp_path: Path) -> None:
     # Lightning loads the best checkpoint here; drivetrain runs the current weights, and now says so.
     trainer = quiet_trainer(max_steps=2, default_root_dir=tmp_path, enable_checkpointing=True)

@@ -7,6 +7,7 @@ it for either library, so the list below can be re-checked against a Lightning i
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -175,7 +176,8 @@ def test_configure_gradient_clipping_gets_the_trainer_settings_and_clips_its_way
     module = ValueClipping()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     trainer = _fit(module, gradient_clip_val=5.0, limit_train_batches=1)
-    assert module.calls == [(trainer.optimizers[0], 5.0, "norm")]
+    # Lightning passes Trainer(gradient_clip_algorithm=) as given: None when unset (clipping by norm).
+    assert module.calls == [(trainer.optimizers[0], 5.0, None)]
     for key, value in module.state_dict().items():  # SGD(lr=1): each change is one clipped gradient
         assert (value - before[key]).abs().max() <= 1e-3 + 1e-7
 
@@ -256,18 +258,54 @@ def test_manual_backward_goes_through_the_backward_hook() -> None:
     assert module.hooked == 4
 
 
-def test_step_hooks_that_cannot_be_honoured_are_errors_at_fit() -> None:
+def test_automatic_step_hooks_of_a_manual_module_are_accepted_and_not_called_as_in_lightning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Lightning 2.6 accepts these overrides with manual optimisation (a base class shared with automatic modules
+    # has them) and never calls them; they were refused here ("overrides ... which the Trainer calls in automatic
+    # optimisation").
     class Manual(Regression):
         def __init__(self) -> None:
             super().__init__()
             self.automatic_optimization = False
 
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            optimizer.step()
+
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
         def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
             raise AssertionError("not called")
 
-    with pytest.raises(ValueError, match=r"overrides optimizer_step.*automatic optimisation only"):
-        _fit(Manual())
+        def optimizer_zero_grad(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("not called")
 
+        def lr_scheduler_step(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("not called")
+
+        def configure_gradient_clipping(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("not called")
+
+    module = Manual()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with caplog.at_level(logging.INFO, logger="drivetrain"):
+        _fit(module)
+    assert module.global_step > 0 and any(
+        not torch.equal(v, module.state_dict()[k]) for k, v in before.items()
+    )
+    (told,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Manual overrides")]
+    assert "which the Trainer calls in automatic optimisation only" in told
+    assert all(
+        name in told for name in ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "clipping")
+    )
+
+
+def test_a_backward_hook_that_the_strategy_cannot_honour_is_ignored_with_a_warning() -> None:
     class OwnBackward(SingleDeviceStrategy):
         def backward(self, tensor: torch.Tensor, module: Any = None, *args: Any, **kwargs: Any) -> None:
             tensor.backward()
@@ -276,9 +314,13 @@ def test_step_hooks_that_cannot_be_honoured_are_errors_at_fit() -> None:
         def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
             raise AssertionError("not called")
 
+    # As Lightning under DeepSpeed: the override is ignored, with a warning (it was an error here).
     trainer = quiet_trainer(strategy=OwnBackward(device=torch.device("cpu")), max_epochs=1)
-    with pytest.raises(ValueError, match=r"overrides backward.*runs the backward pass itself"):
+    with pytest.warns(
+        UserWarning, match=r"overrides backward.*runs the backward pass itself .*so the override is ignored"
+    ):
         trainer.fit(Hooked(), _data())
+    assert trainer.global_step > 0
 
 
 def test_evaluation_mode_hooks_and_restored_modes() -> None:

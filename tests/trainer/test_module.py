@@ -55,6 +55,21 @@ def test_trainer_reference_and_device() -> None:
     assert model.trainer is trainer and model.global_step == 2
 
 
+def test_trainer_can_be_assigned_as_in_lightning() -> None:
+    # Lightning's tests and helpers attach a Trainer by hand (`model.trainer = trainer`) and detach it with None.
+    outer = Regression()
+    outer.inner = Regression()  # a module nested in another follows it, as in Lightning
+    trainer = quiet_trainer(max_steps=1)
+    outer.trainer = trainer
+    assert outer.trainer is trainer and outer.inner.trainer is trainer
+    assert outer.global_step == 0 and outer.current_epoch == 0 and outer.logger is trainer.logger
+    outer.trainer = None
+    with pytest.raises(RuntimeError, match=r"Regression is not attached to a Trainer"):
+        _ = outer.inner.trainer
+    with pytest.raises(TypeError, match=r"Regression.trainer = str: assign a drivetrain.Trainer, or None"):
+        outer.trainer = "trainer"  # type: ignore[assignment]
+
+
 def test_predict_returns_every_batch_in_order() -> None:
     model = Regression()
     data = regression_data(20)

@@ -96,6 +96,31 @@ def test_pytorch_profiler_writes_a_chrome_trace_under_the_log_folder(
     assert "FIT Profiler Report" in caplog.text and "Self CPU" in caplog.text  # the operator table
 
 
+def test_advanced_profiler_dumps_raw_statistics_as_lightning_names_them(tmp_path: Path) -> None:
+    import pstats
+
+    profiler = AdvancedProfiler(dirpath=tmp_path, filename="adv", dump_stats=True)
+    _fit(profiler, tmp_path, epochs=1)
+    dumped = sorted(path.name for path in tmp_path.glob("*.prof"))
+    assert (
+        "fit-adv-backward.prof" in dumped and "fit-adv-[TrainingModule]EpochEnd.training_step.prof" in dumped
+    )
+    stats = pstats.Stats(str(tmp_path / "fit-adv-backward.prof"))
+    assert stats.total_calls > 0  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"dump_stats=True\) writes .prof files into dirpath: pass dirpath="):
+        AdvancedProfiler(dump_stats=True)
+
+
+def test_pytorch_profiler_keeps_its_function_events(tmp_path: Path) -> None:
+    profiler = PyTorchProfiler(export_to_chrome=False)
+    assert profiler.function_events is None
+    _fit(profiler, tmp_path, epochs=1)
+    names = {event.name for event in profiler.function_events}
+    assert {"run_training_batch", "[TrainingModule]EpochEnd.training_step", "aten::addmm"} <= names
+    table = profiler.function_events.key_averages().table(sort_by="cpu_time_total", row_limit=5)
+    assert "Self CPU" in table
+
+
 def test_profiler_names_and_bad_values() -> None:
     assert isinstance(quiet_trainer(profiler="advanced").profiler, AdvancedProfiler)
     assert isinstance(quiet_trainer().profiler, PassThroughProfiler)  # nothing recorded, nothing wrapped

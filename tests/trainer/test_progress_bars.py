@@ -91,6 +91,29 @@ def test_plain_lines_come_at_most_every_log_interval(capfd: pytest.CaptureFixtur
         TQDMProgressBar(log_interval=-1)
 
 
+def test_lightnings_bar_attributes(capfd: pytest.CaptureFixture[str]) -> None:
+    # Lightning's TQDMProgressBar: the totals it counts to, and the bars it drew (kept after they close).
+    bar = TQDMProgressBar()
+    with pytest.raises(TypeError, match=r"TQDMProgressBar.train_progress_bar does not exist yet"):
+        _ = bar.train_progress_bar
+    seen: list[tuple[int, int | float, int | float]] = []
+
+    class Totals(dt.trainer.Callback):
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            seen.append((trainer.current_epoch, bar.total_train_batches, bar.total_val_batches))
+
+    trainer = quiet_trainer(
+        max_epochs=2, check_val_every_n_epoch=2, enable_progress_bar=True, callbacks=[bar, Totals()]
+    )
+    trainer.fit(Regression(), loader(), loader(regression_data(32, seed=1)))
+    assert seen == [(0, 8, 0), (1, 8, 4)]  # validation only in the second epoch
+    assert (bar.train_progress_bar.n, bar.train_progress_bar.total) == (8, 8)
+    assert bar.val_progress_bar.n == 4  # the last validation
+    trainer.test(Regression(), loader(regression_data(16)), verbose=False)
+    assert bar.test_progress_bar.n == 2
+    capfd.readouterr()
+
+
 def _rich_trainer(buffer: io.StringIO, **bar: Any) -> dt.Trainer:
     from drivetrain.trainer.callbacks import RichProgressBar
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,8 @@ import torch
 
 import drivetrain as dt
 from drivetrain.trainer.callbacks import Callback
+from helpers.peers import peers_python
+from helpers.scripts import run_command
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 
@@ -226,3 +230,21 @@ def test_a_default_root_dir_that_is_not_a_path_is_named() -> None:
         TypeError, match=r"default_root_dir=5 \(int\) is not a path\. Pass a str or a pathlib\.Path"
     ):
         dt.Trainer(default_root_dir=5)  # type: ignore[arg-type]
+
+
+def test_the_settings_are_trainer_attributes_as_in_lightning() -> None:
+    """``trainer.limit_train_batches`` & co. hold what Lightning's hold (fast_dev_run and overfit_batches included);
+    ``min_epochs``/``min_steps`` are 0 where Lightning has None when unset (docs/migrating-from-lightning.md)."""
+    script = Path(__file__).parent / "scripts" / "trainer_attributes.py"
+    completed = run_command([str(peers_python()), str(script), "lightning"], timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    theirs = json.loads(completed.stdout.strip().splitlines()[-1])
+    namespace: dict[str, Any] = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    ours = namespace["attributes"]("drivetrain")
+    for config, mine, reference in zip(namespace["CONFIGS"], ours, theirs):
+        for name in ("min_epochs", "min_steps"):
+            if name not in config:
+                assert (mine[name], reference[name]) == (["int", 0], ["NoneType", None])
+                del mine[name], reference[name]
+        assert mine == reference, config

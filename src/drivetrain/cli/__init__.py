@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.lazy import import_submodule, public_submodules
+
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names
     from drivetrain.cli.training import CLI
     from drivetrain.cli.training_parser import CLIArgumentParser, ReduceLROnPlateau, SaveConfigCallback
@@ -26,6 +28,9 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        submodule = import_submodule(__name__, name)
+        if submodule is not None:
+            return submodule
         raise AttributeError(f"module 'drivetrain.cli' has no attribute {name!r}")
     if module == "drivetrain.cli.training_parser":
         importlib.import_module("drivetrain.cli.training")  # checks for jsonargparse, naming the extra
@@ -35,4 +40,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | public_submodules(__name__))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.lazy import import_submodule, public_submodules
 from drivetrain.loggers.logger import Logger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +34,9 @@ __all__ = ["CSVLogger", "Logger", "LoggerRegistry", "MLFlowLogger", "TensorBoard
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        submodule = import_submodule(__name__, name)
+        if submodule is not None:
+            return submodule
         raise AttributeError(f"module 'drivetrain.loggers' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
@@ -40,4 +44,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | public_submodules(__name__))

@@ -18,6 +18,7 @@ from drivetrain.loggers.logger import (
     metrics_to_floats,
     params_to_dict,
     plain_value,
+    rank_zero_experiment,
 )
 from drivetrain.loggers.registry import LoggerRegistry
 
@@ -65,6 +66,13 @@ class CSVLogger(FolderLogger):
     @property
     def metrics_file_path(self) -> str:
         return self.file_path(METRICS_FILE)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> CSVExperiment:
+        """The writer behind the files, as Lightning's ``ExperimentWriter``: ``log_metrics``, ``log_hparams``,
+        ``save``, ``metrics`` (rows not written yet), ``metrics_file_path``, ``log_dir``."""
+        return CSVExperiment(self)
 
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         """Merge ``params`` into ``hparams.yaml`` (written at once)."""
@@ -126,6 +134,44 @@ class CSVLogger(FolderLogger):
         from drivetrain.loggers.plot import plot_run
 
         return plot_run(self.log_dir, output).path
+
+
+class CSVExperiment:
+    """:attr:`CSVLogger.experiment`: the logger's files under the names Lightning's ``ExperimentWriter`` has."""
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+
+    @property
+    def log_dir(self) -> str:
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        return self._logger.metrics_file_path
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not written yet (``save`` writes them)."""
+        return self._logger._rows
+
+    @property
+    def metrics_keys(self) -> list[str]:
+        """The columns of ``metrics.csv`` so far."""
+        return list(self._logger._columns)
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self._logger._hparams
+
+    def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
+        self._logger.log_metrics(metrics_dict, step)
+
+    def log_hparams(self, params: Mapping[str, Any]) -> None:
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        self._logger.save()
 
 
 LoggerRegistry.register(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.lazy import import_submodule, public_submodules
+
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
     from drivetrain.plugins.environments import (
         ClusterEnvironment,
@@ -79,6 +81,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     subpackage = _SUBPACKAGE.get(name)
     if subpackage is None:
+        submodule = import_submodule(__name__, name)
+        if submodule is not None:
+            return submodule
         raise AttributeError(f"module 'drivetrain.plugins' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"drivetrain.plugins.{subpackage}"), name)
     globals()[name] = value
@@ -86,4 +91,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | public_submodules(__name__))

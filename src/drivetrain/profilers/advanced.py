@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import cProfile
 import io
+import marshal
 import pstats
+import re
 from pathlib import Path
 
+from drivetrain._utilities import paths
 from drivetrain.profilers.profiler import Profiler
 
 
@@ -21,6 +24,10 @@ class AdvancedProfiler(Profiler):
         dirpath: see :class:`Profiler`.
         filename: see :class:`Profiler`.
         line_count_restriction: how many functions to show per action (an int), or a fraction of them.
+        dump_stats: also write each action's raw statistics, for ``pstats``/snakeviz, to
+            ``{dirpath}/{stage}-{filename}-{rank}-{action}.prof`` (Lightning's names; the rank only with
+            several processes) when the report is made. Needs ``dirpath`` (or ``filename``, which
+            writes into the Trainer's ``log_dir``).
     """
 
     def __init__(
@@ -28,8 +35,17 @@ class AdvancedProfiler(Profiler):
         dirpath: str | Path | None = None,
         filename: str | None = None,
         line_count_restriction: int | float = 1.0,
+        dump_stats: bool = False,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
+        if not isinstance(dump_stats, bool):
+            raise TypeError(f"AdvancedProfiler(dump_stats={dump_stats!r}); use True or False.")
+        if dump_stats and dirpath is None and filename is None:
+            raise ValueError(
+                "AdvancedProfiler(dump_stats=True) writes .prof files into dirpath: pass dirpath=, or filename= to "
+                "write them into the Trainer's log_dir."
+            )
+        self.dump_stats = dump_stats
         if isinstance(line_count_restriction, bool) or not isinstance(line_count_restriction, (int, float)):
             raise TypeError(
                 f"line_count_restriction expects an int or a fraction, got {line_count_restriction!r}."
@@ -71,6 +87,8 @@ class AdvancedProfiler(Profiler):
     def summary(self) -> str:
         reports = []
         for action, profile in self.profiled_actions.items():
+            if self.dump_stats:
+                self._dump(action, profile)
             stream = io.StringIO()
             stats = pstats.Stats(profile, stream=stream)
             stats.strip_dirs().sort_stats("cumulative").print_stats(self.line_count_restriction)
@@ -78,6 +96,16 @@ class AdvancedProfiler(Profiler):
         if not reports:
             return ""
         return f"{(self._stage or 'run').upper()} Profiler Report\n\n" + "\n".join(reports)
+
+    def _dump(self, action: str, profile: cProfile.Profile) -> None:
+        """``profile``'s raw statistics, in the format ``pstats.Stats`` reads, to this action's ``.prof`` file."""
+        assert self.dirpath is not None  # checked when built; set from log_dir by setup() otherwise
+        parts = [self._stage, self.filename, str(self._rank) if self._world_size > 1 else None, action]
+        name = re.sub(r"_+", "_", re.sub(r'[\\/:*?"<>|\n\r\t]', "_", "-".join(p for p in parts if p)))
+        paths.makedirs(self.dirpath)
+        profile.create_stats()
+        with paths.open_file(paths.join(self.dirpath, f"{name.strip() or 'profile'}.prof"), "wb") as file:
+            marshal.dump(profile.stats, file)  # what Profile.dump_stats writes
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()

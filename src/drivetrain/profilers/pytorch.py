@@ -63,6 +63,9 @@ class PyTorchProfiler(Profiler):
         self._traces = 0
         self._open = False  # between setup and the report: actions outside (teardown hooks) are not recorded
         self.trace_paths: list[Path] = []
+        #: The recorded events (``torch.autograd.profiler_util.EventList``) once the report is made: the
+        #: whole entry point, or the last cycle of a ``schedule``; ``None`` before (Lightning's name).
+        self.function_events: Any = None
 
     def setup(
         self, stage: str, global_rank: int = 0, world_size: int = 1, log_dir: str | None = None
@@ -72,6 +75,7 @@ class PyTorchProfiler(Profiler):
         self._summary = ""
         self._traces = 0
         self._open = True
+        self.function_events = None
 
     def _trace_path(self) -> Path:
         folder = self.dirpath or self._log_dir or "."
@@ -129,6 +133,7 @@ class PyTorchProfiler(Profiler):
             recorded.__exit__(None, None, None)
         self._ranges.clear()
         profiler.__exit__(None, None, None)
+        self.function_events = _events(profiler)
         if "schedule" not in self.profiler_kwargs:
             if self.export_to_chrome:
                 self._export(profiler)
@@ -150,4 +155,13 @@ class PyTorchProfiler(Profiler):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_profiler"], state["_ranges"] = None, {}  # a spawned rank starts its own
+        state["function_events"] = None
         return state
+
+
+def _events(profiler: Any) -> Any:
+    """The profiler's recorded events; ``None`` when a ``schedule`` never reached an active cycle."""
+    try:
+        return profiler.events()
+    except AssertionError:  # torch: "Profiler must be initialized before accessing events"
+        return None

@@ -250,6 +250,21 @@ class Strategy(StrategyCapabilities):
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)
 
+    def connect(self, model: nn.Module) -> None:
+        """Attach ``model`` before it is set up (Lightning's ``Strategy.connect``): it is :attr:`model` and
+        :attr:`lightning_module` until :meth:`setup_module` wraps it. The Trainer connects its module itself."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"{type(self).__name__}.connect(model) expects a torch.nn.Module (a TrainingModule), got "
+                f"{type(model).__name__}."
+            )
+        self.model = model
+
+    @property
+    def lightning_module(self) -> nn.Module | None:
+        """The user's module under :attr:`model`, whatever wraps it (Lightning's name; ``None`` before one is set)."""
+        return self.unwrap_module(self.model) if self.model is not None else None
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Wrap ``module`` for this strategy (DDP, FSDP …) and return what the user should call."""
         self.model = module

@@ -113,7 +113,7 @@ def resolve_features(
                 ("limit_train_batches", limit_train_batches),
                 ("limit_val_batches", limit_val_batches),
             )
-            if value != 1.0
+            if value is not None and value != 1.0
         ]
         if overridden:
             raise ValueError(

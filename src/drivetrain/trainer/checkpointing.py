@@ -4,7 +4,8 @@ The core writes and reads the entries both doors share (model, optimizers, sched
 precision, every process's generators and its training loader's state: the seeds its order
 comes from). The Trainer adds ``"epoch"``, ``"global_step"``, ``"hyper_parameters"``,
 ``"loops"`` (the fit progress: the position in the epoch), ``"callbacks"``, ``"results"`` (partly
-accumulated epoch metrics) and ``"datamodule"``, and lets ``on_save_checkpoint`` hooks add more.
+accumulated epoch metrics) and ``"datamodule"``, and lets ``on_save_checkpoint`` hooks add more. The
+hooks see the checkpoint under Lightning's keys (:mod:`drivetrain.trainer.checkpoint_schema`).
 It also decides which checkpoint ``ckpt_path="last"``/``"best"`` means.
 """
 
@@ -20,11 +21,14 @@ from drivetrain.plugins.io.atomic import published_at, resolve
 from drivetrain.strategies.checkpointing import (
     TrainingObjects,
     checkpoint_entries,
+    optimizer_key,
     read_checkpoint,
     restore_process_state,
     restore_window_gradients,
+    scheduler_key,
     write_checkpoint,
 )
+from drivetrain.trainer import checkpoint_schema
 from drivetrain.trainer.hooks import hook_runner
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
@@ -141,7 +145,11 @@ def checkpoint_state(trainer: Trainer, run: RunState, weights_only: bool = False
             state["datamodule"] = datamodule.state_dict()
     if run.hooks is None:  # saving after an entry point ended in a process that never resolved hooks
         run.hooks = hook_runner(trainer, run)
-    run.hooks.call("on_save_checkpoint", state)
+    if run.hooks.on_save_checkpoint is not None:
+        # The hooks see (and may change) Lightning's keys and plain states: see checkpoint_schema.
+        checkpoint_schema.as_saved(trainer.strategy, state)
+        run.hooks.on_save_checkpoint(checkpoint_schema.lightning_names(state))
+        checkpoint_schema.core_names(state)
     return state
 
 
@@ -196,7 +204,10 @@ def restore_training_state(trainer: Trainer, run: RunState, path: str | Path) ->
     if loaded.process is not None:
         _restore_training_position(run, loaded.process)
     run.restored = True
-    run.hooks.call("on_load_checkpoint", {**rest, **loaded.entries, "callbacks": callbacks.saved})
+    run.hooks.call(
+        "on_load_checkpoint",
+        _loaded_view(trainer, run, {**rest, **loaded.entries, "callbacks": callbacks.saved}),
+    )
 
 
 def restore_generators(trainer: Trainer, run: RunState) -> None:
@@ -218,7 +229,24 @@ def restore_weights(trainer: Trainer, run: RunState, path: str | Path) -> None:
         strict=run.module.strict_loading,
         translate=_translator(trainer, path, training=False),
     )
-    run.hooks.call("on_load_checkpoint", loaded.rest)
+    run.hooks.call("on_load_checkpoint", _loaded_view(trainer, run, loaded.rest, models_only=True))
+
+
+def _loaded_view(
+    trainer: Trainer, run: RunState, entries: dict[str, Any], models_only: bool = False
+) -> dict[str, Any]:
+    """What ``on_load_checkpoint`` hooks get: the checkpoint's entries under Lightning's keys, with the states
+    restored into the live objects (``"state_dict"``, ``"optimizer_states"``, ``"lr_schedulers"``) as loaded."""
+    if run.hooks is None or run.hooks.on_load_checkpoint is None:
+        return entries
+    objects = _objects(run)
+    view = dict(entries)
+    view["state_dict"] = objects.models[0]
+    if not models_only:
+        view.update({optimizer_key(i): optimizer for i, optimizer in enumerate(objects.optimizers)})
+        view.update({scheduler_key(i): scheduler for i, scheduler in enumerate(objects.schedulers)})
+    checkpoint_schema.as_saved(trainer.strategy, view)
+    return checkpoint_schema.lightning_names(view)
 
 
 class _CallbackStates:

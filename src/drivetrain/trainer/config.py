@@ -37,7 +37,8 @@ class LoopSettings:
     num_sanity_val_steps: int
     accumulate_grad_batches: int
     gradient_clip_val: float | None
-    gradient_clip_algorithm: str
+    #: as given (``None``: not set, clipping by norm), as Lightning passes it to ``configure_gradient_clipping``
+    gradient_clip_algorithm: str | None
     log_every_n_steps: int
     fast_dev_run: int
     inference_mode: bool
@@ -76,8 +77,8 @@ def parse_max_time(value: Any, name: str = "max_time") -> datetime.timedelta | N
             ) from None
     else:
         raise TypeError(f"{name} expects 'DD:HH:MM:SS', a datetime.timedelta or a dict, got {value!r}.")
-    if duration.total_seconds() <= 0:
-        raise ValueError(f"{name}={value!r} is not a positive duration.")
+    if duration.total_seconds() < 0:
+        raise ValueError(f"{name}={value!r} is negative; use a duration >= 0 (0: stop at the first check).")
     return duration
 
 
@@ -195,7 +196,7 @@ def build_settings(
         num_sanity_val_steps=sanity,
         accumulate_grad_batches=accumulate,
         gradient_clip_val=gradient_clip_val,
-        gradient_clip_algorithm=gradient_clip_algorithm or "norm",
+        gradient_clip_algorithm=gradient_clip_algorithm,
         log_every_n_steps=log_every,
         fast_dev_run=fast,
         inference_mode=inference_mode,

@@ -113,7 +113,7 @@ def run_entry_point(trainer: Trainer, run: RunState, fn: TrainerFn) -> Any:
     """Run ``fn``'s loop in this process, once the model and data are set up."""
     import torch
 
-    from drivetrain.trainer import checkpointing
+    from drivetrain.trainer import checkpointing, info_lines
     from drivetrain.trainer.loops.evaluation import run_evaluation
     from drivetrain.trainer.loops.fit import FitLoop
     from drivetrain.trainer.loops.prediction import PredictionLoop
@@ -122,7 +122,9 @@ def run_entry_point(trainer: Trainer, run: RunState, fn: TrainerFn) -> Any:
     if fn == TrainerFn.FITTING:
         run.optimization.setup(run.optimizers, run.scheduler_configs)
         if run.ckpt_path is not None:
+            info_lines.restoring(run.ckpt_path)
             checkpointing.restore_training_state(trainer, run, run.ckpt_path)
+            info_lines.restored(run.ckpt_path, fitting=True)
         run.metrics.log_hyperparams(_hyperparameters(run))
         run.state.stage = RunningStage.TRAINING
         if run.features.detect_anomaly:
@@ -132,7 +134,9 @@ def run_entry_point(trainer: Trainer, run: RunState, fn: TrainerFn) -> Any:
             FitLoop(trainer, run).run()
         return None
     if run.ckpt_path is not None:
+        info_lines.restoring(run.ckpt_path)
         checkpointing.restore_weights(trainer, run, run.ckpt_path)
+        info_lines.restored(run.ckpt_path, fitting=False)
     if fn == TrainerFn.PREDICTING:
         run.predict_loop = PredictionLoop(trainer, run, run.return_predictions)
         return run.predict_loop.run()

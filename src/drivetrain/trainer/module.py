@@ -21,6 +21,7 @@ from drivetrain._utilities import console
 from drivetrain.trainer.hparams import AttributeDict, collect_hyperparameters, load_module_from_checkpoint
 from drivetrain.trainer.loop_hooks import LoopHooks
 from drivetrain.trainer.module_tools import ModuleTools
+from drivetrain.trainer.properties import TrainerProperties
 
 if TYPE_CHECKING:
     from drivetrain.loggers.logger import Logger
@@ -84,6 +85,22 @@ class TrainingModule(LoopHooks, ModuleTools):
                 f"Trainer.fit/validate/test/predict runs it."
             )
         return trainer  # type: ignore[return-value]  # None only while to_torchscript inspects the class
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        """Attach a Trainer (or detach with ``None``), as Lightning allows; nested modules follow.
+
+        The Trainer attaches itself when an entry point starts; setting it by hand serves code that
+        calls a module's hooks outside a run (tests, a module built inside another's hook).
+        """
+        if trainer is not None and not isinstance(trainer, TrainerProperties):
+            raise TypeError(
+                f"{type(self).__name__}.trainer = {type(trainer).__name__}: assign a drivetrain.Trainer, or None "
+                f"to detach the module."
+            )
+        for child in self.modules():
+            if isinstance(child, TrainingModule):
+                child.__dict__["_trainer"] = trainer
 
     @property
     def device(self) -> torch.device:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
     from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.datamodule import DataModule
+    from drivetrain.trainer.loop_views import EvaluationLoopView, FitLoopView
     from drivetrain.trainer.loops.prediction import PredictionLoop
     from drivetrain.trainer.module import TrainingModule
     from drivetrain.trainer.run_state import RunState
@@ -156,9 +157,55 @@ class TrainerProperties:
         return self._run.settings.max_steps
 
     @property
+    def min_epochs(self) -> int:
+        """Epochs to train before a stop request (early stopping, ``should_stop``) is honoured (0: none)."""
+        return self._run.settings.min_epochs
+
+    @property
+    def min_steps(self) -> int:
+        """Optimizer steps to take before a stop request is honoured (0: none)."""
+        return self._run.settings.min_steps
+
+    @property
     def val_check_interval(self) -> int | float:
         """Validate every this fraction of an epoch (float) or number of batches (int)."""
         return self._run.settings.val_check_interval
+
+    @property
+    def limit_train_batches(self) -> int | float:
+        """Training batches per epoch: a count (int) or a fraction of the loader (float); ``overfit_batches``
+        when overfitting and ``fast_dev_run``'s count under it, as in Lightning."""
+        return self._run.features.overfit_batches or self._run.settings.limit_train_batches
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        """Validation batches per loader: a count (int) or a fraction (float); 0 turns validation off."""
+        return self._run.features.overfit_batches or self._run.settings.limit_val_batches
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        return self._run.settings.limit_test_batches
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        return self._run.settings.limit_predict_batches
+
+    @property
+    def num_sanity_val_steps(self) -> int | float:
+        """Validation batches per loader the sanity check runs before training (``inf`` for all, as Lightning
+        reports ``num_sanity_val_steps=-1``; 0 under ``fast_dev_run``)."""
+        steps = self._run.settings.num_sanity_val_steps
+        return math.inf if steps == -1 else steps
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        """The clipping threshold (``None``: no clipping)."""
+        return self._run.settings.gradient_clip_val
+
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        """``"norm"`` or ``"value"`` as given (``None``: not given; clipping is by norm)."""
+        return self._run.settings.gradient_clip_algorithm
 
     @property
     def check_val_every_n_epoch(self) -> int | None:
@@ -322,11 +369,37 @@ class TrainerProperties:
         return self._run.scheduler_configs
 
     @property
+    def fit_loop(self) -> FitLoopView:
+        """Lightning's fit loop as a read-only view of this Trainer's run: ``max_epochs``, ``epoch_progress``,
+        ``epoch_loop.batch_progress``, ``epoch_loop.val_loop`` … (:mod:`drivetrain.trainer.loop_views`).
+
+        For callbacks written for Lightning; :attr:`fit_progress` says the same in drivetrain's words.
+        """
+        from drivetrain.trainer.loop_views import FitLoopView
+
+        return FitLoopView(self._run)
+
+    @property
+    def validate_loop(self) -> EvaluationLoopView:
+        """Lightning's ``trainer.validate`` loop as a read-only view (``batch_progress``, ``max_batches``)."""
+        from drivetrain.trainer.loop_views import EvaluationLoopView
+
+        return EvaluationLoopView(self._run, "validate")
+
+    @property
+    def test_loop(self) -> EvaluationLoopView:
+        """Lightning's test loop as a read-only view (``batch_progress``, ``max_batches``)."""
+        from drivetrain.trainer.loop_views import EvaluationLoopView
+
+        return EvaluationLoopView(self._run, "test")
+
+    @property
     def predict_loop(self) -> PredictionLoop | None:
         """The prediction loop of the current (or last) ``predict`` in this process (``None`` before one).
 
         A prediction writer reads ``current_batch_indices`` (the dataset indices of the batch being
-        predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning.
+        predicted), ``predictions`` and ``epoch_batch_indices`` from it, as in Lightning; its
+        ``batch_progress`` counts the batches predicted.
         """
         return self._run.predict_loop
 
@@ -398,6 +471,12 @@ class TrainerProperties:
     @property
     def predicting(self) -> bool:
         return self.state.stage == RunningStage.PREDICTING
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation (its sanity check included) or test loop is running."""
+        stage = self.state.stage
+        return stage is not None and stage.evaluating
 
     @property
     def interrupted(self) -> bool:

@@ -19,7 +19,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities.snapshots import Restorable, one_level
-from drivetrain.trainer.state import FitProgress, TrainerState
+from drivetrain.trainer.state import EvaluationCounts, FitProgress, TrainerState
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,6 +49,8 @@ class RunState:
     metrics: MetricsHub
     # -- callbacks and the hooks resolved for this entry point ---------------------------------
     callbacks: list[Callback]
+    #: Batches the evaluation and prediction loops ran (what the Lightning-shaped loop views show).
+    evaluation_counts: EvaluationCounts = dataclasses.field(default_factory=EvaluationCounts)
     should_stop: bool = False
     hooks: Any = None  # a HookRunner: one attribute per hook name, set when the entry point starts
     train_results: ResultCollection | None = None
@@ -94,4 +96,5 @@ class RunState:
     def new_fit(self) -> None:
         """A fit starts from the beginning: no progress, no request to stop."""
         self.progress = FitProgress()
+        self.evaluation_counts.forget("fit_validation")
         self.should_stop = False

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -73,8 +74,11 @@ class FitProgress(Restorable):
     epoch); ``validation_pending`` says a validation was due after the last finished batch and has
     not run yet; ``validations_run`` counts the validations of this fit.
 
-    ``is_last_batch`` and ``epoch_ending`` describe the moment, not the position, and are not saved.
-    The Trainer owns this object; others read it through :class:`FitProgressView`.
+    ``is_last_batch``, ``epoch_ending``, ``epoch_begun``/``epoch_started`` (set before and after
+    ``on_train_epoch_start``), ``epoch_start_step`` (the optimizer steps taken before the epoch) and
+    the ``previous_epoch_*`` counts describe the moment, not the position, and are not saved; the
+    loop sets them once per batch or once per epoch. The Trainer owns this object; others read it through :class:`FitProgressView`
+    (and Lightning's counters through :mod:`drivetrain.trainer.loop_views`).
     """
 
     epoch: int = 0
@@ -86,6 +90,28 @@ class FitProgress(Restorable):
     validations_run: int = 0
     is_last_batch: bool = False
     epoch_ending: bool = False
+    epoch_begun: bool = False
+    epoch_started: bool = False
+    epoch_start_step: int = 0
+    previous_epoch_batches: int = 0
+    previous_epoch_steps: int = 0
+
+    def begin_epoch(self, hook_runs: bool) -> None:
+        """The epoch is about to run: ``on_train_epoch_start`` runs next, unless a resumed epoch skips it."""
+        self.epoch_begun = True
+        self.epoch_started = not hook_runs
+        self.epoch_start_step = self.global_step
+
+    def end_epoch(self) -> None:
+        """The epoch is done: the next one starts from its first batch."""
+        self.previous_epoch_batches = self.batches_done
+        self.previous_epoch_steps = self.global_step - self.epoch_start_step
+        self.epoch += 1
+        self.batches_done = 0
+        self.epoch_finished = False
+        self.epoch_ending = False
+        self.epoch_begun = False
+        self.epoch_started = False
 
     def state_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _MOMENTARY}
@@ -96,7 +122,59 @@ class FitProgress(Restorable):
                 setattr(self, name, value)
 
 
-_MOMENTARY = ("is_last_batch", "epoch_ending")
+_MOMENTARY = (
+    "is_last_batch",
+    "epoch_ending",
+    "epoch_begun",
+    "epoch_started",
+    "epoch_start_step",
+    "previous_epoch_batches",
+    "previous_epoch_steps",
+)
+
+
+@dataclass
+class EvaluationCounts(Restorable):
+    """Batches each evaluation or prediction loop of a Trainer has run, in this process.
+
+    What the Lightning-shaped loop views (``trainer.validate_loop.batch_progress`` …) show, keyed by
+    loop: ``"fit_validation"`` (validation inside fit, its sanity check included), ``"validate"``,
+    ``"test"``, ``"predict"``. Recorded when a run starts and ends, never per batch: while a loop
+    runs, ``running_count`` reads the count the loop keeps anyway.
+    """
+
+    totals: dict[str, int] = field(default_factory=dict)
+    latest: dict[str, int] = field(default_factory=dict)
+    running: str | None = None
+    running_count: Callable[[], int] | None = None
+
+    def begin(self, loop: str, count: Callable[[], int]) -> None:
+        self.running, self.running_count = loop, count
+
+    def end(self) -> None:
+        if self.running is not None and self.running_count is not None:
+            done = self.running_count()
+            self.latest[self.running] = done
+            self.totals[self.running] = self.totals.get(self.running, 0) + done
+        self.running = self.running_count = None
+
+    def forget(self, loop: str, latest: bool = True) -> None:
+        """Start ``loop``'s total again, and its latest run's count unless ``latest=False`` (Lightning
+        starts fit's validation total again every epoch, and both after the sanity check)."""
+        self.totals.pop(loop, None)
+        if latest:
+            self.latest.pop(loop, None)
+
+    def current(self, loop: str) -> int:
+        """Batches of ``loop``'s running (or latest) run."""
+        if self.running == loop and self.running_count is not None:
+            return self.running_count()
+        return self.latest.get(loop, 0)
+
+    def total(self, loop: str) -> int:
+        """Batches of all of ``loop``'s runs (since its count last started again)."""
+        running = self.running_count() if self.running == loop and self.running_count is not None else 0
+        return self.totals.get(loop, 0) + running
 
 
 class FitProgressView:

@@ -57,11 +57,11 @@ class Trainer(TrainerProperties):
         min_steps: make at least this many optimizer steps even when asked to stop (early stopping).
         max_steps: stop after this many optimizer steps (-1: no limit).
         max_time: stop after this long (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict).
-        limit_train_batches: batches per training epoch (an int) or fraction of the loader (a float).
+        limit_train_batches: batches per training epoch (an int) or fraction of the loader (a float; default 1.0).
         limit_val_batches: the same for validation (0 disables validation).
         limit_test_batches: the same for test.
         limit_predict_batches: the same for predict.
-        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
+        val_check_interval: validate every this fraction of an epoch (float; default 1.0) or number of batches (int).
         check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
             batches across epochs).
         num_sanity_val_steps: validation batches run before training, to catch bugs early (default 2; -1: all).
@@ -118,11 +118,11 @@ class Trainer(TrainerProperties):
         max_steps: int = -1,
         min_steps: int | None = None,
         max_time: Any = None,
-        limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0,
-        limit_test_batches: int | float = 1.0,
-        limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | None = None,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int | None = None,
@@ -148,6 +148,7 @@ class Trainer(TrainerProperties):
         barebones: bool = False,
     ) -> None:
         from drivetrain.connector import connect
+        from drivetrain.trainer import info_lines
         from drivetrain.trainer.arguments import apply_barebones, resolve_features
         from drivetrain.trainer.config import build_settings
         from drivetrain.trainer.data_connector import DataConnector
@@ -244,6 +245,19 @@ class Trainer(TrainerProperties):
         run.data = DataConnector(self, run)
         run.optimization = Optimization(self, run)
         self._fit_progress = FitProgressView(run)
+        info_lines.at_init(
+            {
+                "limit_train_batches": limit_train_batches,
+                "limit_val_batches": limit_val_batches,
+                "limit_test_batches": limit_test_batches,
+                "limit_predict_batches": limit_predict_batches,
+                "val_check_interval": val_check_interval,
+            },
+            settings,
+            self._strategy,
+            barebones,
+            detect_anomaly,
+        )
 
     # -- entry points -----------------------------------------------------------------------
     def fit(

@@ -15,6 +15,7 @@ from drivetrain.plugins.io.atomic import (
     local_path,
     partial_path,
     publish_folder,
+    publish_link,
     remove,
     resolve,
     tidy,
@@ -57,6 +58,23 @@ def test_an_interrupted_folder_publish_is_resolved_and_then_tidied(tmp_path: Pat
     tidy(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
     assert _value(target) == expected
+
+
+def test_a_link_replaces_a_file_or_a_folder_checkpoint_in_one_rename(tmp_path: Path) -> None:
+    TorchCheckpointIO().save_checkpoint({"value": 1.0}, tmp_path / "a.ckpt")
+    _folder(tmp_path / "b.ckpt", 2.0)
+    last = tmp_path / "last.ckpt"
+    TorchCheckpointIO().save_checkpoint({"value": 0.0}, last)  # a complete last.ckpt first
+    assert publish_link(tmp_path / "a.ckpt", last)
+    assert os.readlink(last) == "a.ckpt" and is_complete(last)
+    assert TorchCheckpointIO().load_checkpoint(last)["value"] == 1.0
+    assert publish_link(tmp_path / "b.ckpt", last) and os.readlink(last) == "b.ckpt" and _value(last) == 2.0
+    _folder(tmp_path / "folder_last.ckpt", 3.0)  # a folder checkpoint under the link's name is replaced too
+    assert publish_link(tmp_path / "a.ckpt", tmp_path / "folder_last.ckpt")
+    assert os.readlink(tmp_path / "folder_last.ckpt") == "a.ckpt"
+    assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt", "folder_last.ckpt", "last.ckpt"]
+    remove(last)  # removing the link leaves its target
+    assert (tmp_path / "b.ckpt").is_dir() and not last.exists()
 
 
 def test_tidy_removes_leftovers_but_not_writes_in_flight(tmp_path: Path) -> None:

@@ -366,6 +366,32 @@ def complete_remote_folder(path: str, storage_options: StorageOptions = None) ->
     fs.pipe_file(f"{inner.rstrip('/')}/{COMPLETE_MARKER}", b"")
 
 
+def publish_link(target: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """Make ``path`` a symbolic link to the published checkpoint ``target`` (a relative link), crash-safely.
+
+    The link is made under a temporary name and renamed over ``path`` in one step, so a reader finds
+    the checkpoint ``path`` named before or the new link, never nothing. A folder checkpoint at
+    ``path`` is replaced (it is moved aside first). Returns ``False`` where the file system cannot
+    hold links (the caller then writes a copy); local paths only.
+    """
+    target, path = local_path(target), local_path(path)
+    token = new_token()
+    with in_flight(partial_path(path, token)) as temporary:
+        try:
+            os.symlink(os.path.relpath(target, path.parent), temporary)
+        except (OSError, NotImplementedError):
+            return False
+        if path.is_dir() and not path.is_symlink():
+            aside = _old_path(path, token)
+            os.rename(path, aside)
+            os.replace(temporary, path)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(temporary, path)
+        fsync_directory(path.parent)
+    return True
+
+
 def remove(path: str | os.PathLike[str], storage_options: StorageOptions = None) -> None:
     """Delete a checkpoint file or folder, never leaving half of one under its name.
 

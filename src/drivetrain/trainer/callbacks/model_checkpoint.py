@@ -59,7 +59,8 @@ class ModelCheckpoint(Callback):
             Default ``"{epoch}-{step}"``.
         monitor: the logged metric ranking checkpoints; ``None`` keeps the most recent ones.
         verbose: print a line on rank 0 for each save.
-        save_last: also write ``last.ckpt`` each time a checkpoint is due.
+        save_last: also write ``last.ckpt`` each time a checkpoint is due; ``"link"``: make it a link to the
+            latest checkpoint saved (a full checkpoint when none was saved yet; local folders only).
         save_top_k: how many to keep (``-1``: all, ``0``: none but ``last``).
         save_weights_only: only the module's weights (such files cannot resume a fit).
         mode: ``"min"`` or ``"max"``: which way the monitored metric improves.
@@ -86,7 +87,7 @@ class ModelCheckpoint(Callback):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | None = None,
+        save_last: bool | str | None = None,
         save_top_k: int = 1,
         save_weights_only: bool = False,
         mode: str = "min",
@@ -135,19 +136,16 @@ class ModelCheckpoint(Callback):
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"ModelCheckpoint({name}={flag!r}); use True or False.")
-        if save_last == "link":
-            raise ValueError(
-                "ModelCheckpoint(save_last='link'): drivetrain writes last.ckpt as a complete checkpoint and does "
-                "not link it to the latest save; use save_last=True."
-            )
-        if save_last not in (None, True, False):
-            raise TypeError(f"ModelCheckpoint(save_last={save_last!r}); use True, False or None.")
+        if save_last not in (None, True, False, "link"):
+            raise TypeError(f"ModelCheckpoint(save_last={save_last!r}); use True, False, 'link' or None.")
         if save_on_train_epoch_end not in (None, True, False):
             raise TypeError(
                 f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}); use True, False or None (auto)."
             )
         self.dirpath: str | None = paths.normalize(dirpath) if dirpath is not None else None
         paths.check(self.dirpath)  # s3://... without s3fs, or an unknown scheme: reported here
+        if save_last == "link" and paths.is_remote(self.dirpath):
+            raise ValueError(_LINK_LOCAL_ONLY.format(dirpath=self.dirpath))
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -173,6 +171,9 @@ class ModelCheckpoint(Callback):
         self.best_model_score: Tensor | None = None
         self.best_model_path = ""
         self.last_model_path = ""
+        #: The score of the latest checkpoint that entered the top k (a 0-d tensor), as in Lightning.
+        self.current_score: Tensor | None = None
+        self._latest_saved: str | None = None  # what save_last="link" points last.ckpt at
         self._recent: list[str] = []
         self._pending_removals: list[str] = []
         self._last_global_step_saved = 0
@@ -198,6 +199,8 @@ class ModelCheckpoint(Callback):
         dirpath = self.dirpath or _default_dirpath(trainer)
         # Loggers pick their version folder on rank 0 only; every rank must write to the same place.
         self.dirpath = trainer.strategy.broadcast(dirpath) if trainer.world_size > 1 else dirpath
+        if self.save_last == "link" and paths.is_remote(self.dirpath):
+            raise ValueError(_LINK_LOCAL_ONLY.format(dirpath=self.dirpath))
 
     def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
@@ -343,9 +346,32 @@ class ModelCheckpoint(Callback):
     def _save_last(self, trainer: Trainer, last: str) -> None:
         previous = self.last_model_path
         self.last_model_path = last
-        self._write(trainer, last)
+        target = self._latest_saved if self.save_last == "link" and self.save_top_k != 0 else None
+        if target is None or not self._link(trainer, target, last):
+            self._write(trainer, last)
         if previous and previous != last:
             self._pending_removals.append(previous)
+
+    def _link(self, trainer: Trainer, target: str, last: str) -> bool:
+        """``last`` becomes a link to the latest checkpoint saved (Lightning's ``save_last="link"``); whether it did."""
+        from drivetrain.plugins.io.atomic import publish_link
+
+        linked = publish_link(target, last) if trainer.is_global_zero else True
+        if trainer.world_size > 1:
+            linked = trainer.strategy.broadcast(linked)  # also: no rank reads last before it exists
+        return linked
+
+    def to_yaml(self, filepath: str | Path | None = None) -> None:
+        """Write the top-k checkpoints and their scores to a YAML file (default ``dirpath/best_k_models.yaml``)."""
+        import yaml
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise ValueError("ModelCheckpoint.to_yaml() needs a filepath before fit() has set dirpath.")
+            filepath = paths.join(self.dirpath, "best_k_models.yaml")
+        scores = {path: float(score) for path, score in self.best_k_models.items()}
+        with paths.open_file(filepath, "w") as file:
+            yaml.safe_dump(scores, file)
 
     def _monitored(self, trainer: Trainer, metrics: dict[str, Any]) -> float | None:
         if self.monitor is None:
@@ -384,6 +410,7 @@ class ModelCheckpoint(Callback):
         except BaseException:
             self._restore_ranking(previous)
             raise
+        self.current_score, self._latest_saved = _score(current), filepath
         if self.verbose:
             _log.info(
                 f"Epoch {trainer.current_epoch}, step {trainer.global_step}: {self.monitor}={current:.6g}, saved {filepath}"
@@ -401,6 +428,7 @@ class ModelCheckpoint(Callback):
         except BaseException:
             self._restore_ranking(previous)
             raise
+        self._latest_saved = filepath
         if self.verbose:
             _log.info(f"Epoch {trainer.current_epoch}, step {trainer.global_step}: saved {filepath}")
 
@@ -554,6 +582,7 @@ class ModelCheckpoint(Callback):
         return {
             "monitor": self.monitor,
             "best_model_score": self.best_model_score,
+            "current_score": self.current_score,
             "best_model_path": self.best_model_path,
             "best_k_models": dict(self.best_k_models),
             "kth_best_model_path": self.kth_best_model_path,
@@ -574,6 +603,8 @@ class ModelCheckpoint(Callback):
         """
         score = state_dict.get("best_model_score")
         self.best_model_score = None if score is None else _score(score)
+        current = state_dict.get("current_score")
+        self.current_score = None if current is None else _score(current)
         self.best_model_path = state_dict.get("best_model_path", "")
         self._last_global_step_saved = state_dict.get("last_global_step_saved", self._last_global_step_saved)
         saved_in = state_dict.get("dirpath")
@@ -632,6 +663,12 @@ _ONE_PROCESS_ONLY = (
     "{what} saves only in single-process runs: with {n} processes, an exception in one leaves the others "
     "elsewhere in the loop, so no complete checkpoint can be written at that moment. Save periodically instead "
     "(ModelCheckpoint(every_n_train_steps=...) or train_time_interval=...), or run in one process."
+)
+
+
+_LINK_LOCAL_ONLY = (
+    "ModelCheckpoint(save_last='link') makes last.ckpt a link, which needs a local folder; dirpath={dirpath} is "
+    "remote. Use save_last=True there."
 )
 
 

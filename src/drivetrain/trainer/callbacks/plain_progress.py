@@ -28,6 +28,11 @@ class PlainProgress:
         self.start = time.monotonic()
         self.next_line = self.start + interval
 
+    @property
+    def n(self) -> int:
+        """Batches counted so far (tqdm's name, for code that reads a bar's position)."""
+        return self.done
+
     def advance(self, postfix: Any = None) -> None:
         self.done += 1
         now = time.monotonic()

@@ -142,6 +142,66 @@ class StageBars(ProgressBar):
             self.disable()
         self._train: Any = None
         self._eval: Any = None
+        self._shown: dict[str, Any] = {}  # the latest bar of each stage, kept after it closes (Lightning's)
+        self._trainer: Trainer | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(
+            _train=None, _eval=None, _shown={}, _trainer=None
+        )  # drawing objects stay in this process
+        return state
+
+    @property
+    def trainer(self) -> Trainer:
+        """The Trainer this bar draws for (set when an entry point starts)."""
+        if self._trainer is None:
+            raise TypeError(f"{type(self).__name__}.trainer is set when fit/validate/test/predict starts.")
+        return self._trainer
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """The training batches the epoch's bar counts to (fewer when ``max_steps`` ends the fit first)."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps > 0:
+            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
+        return trainer.num_training_batches
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """The validation batches of this epoch over every loader (0 in an epoch without validation)."""
+        trainer = self.trainer
+        every = trainer.check_val_every_n_epoch
+        if not sum(trainer.num_val_batches) or (every is not None and (trainer.current_epoch + 1) % every):
+            return 0
+        return sum(trainer.num_val_batches)
+
+    @property
+    def train_progress_bar(self) -> Any:
+        """The current (or last) epoch's bar: a ``tqdm`` on a terminal, plain lines (``n``, ``total``) elsewhere."""
+        return self._drawn("train")
+
+    @property
+    def val_progress_bar(self) -> Any:
+        """The current (or last) validation's bar (the sanity check's included)."""
+        return self._drawn("val")
+
+    @property
+    def test_progress_bar(self) -> Any:
+        return self._drawn("test")
+
+    @property
+    def predict_progress_bar(self) -> Any:
+        return self._drawn("predict")
+
+    def _drawn(self, stage: str) -> Any:
+        shown = self._shown.get(stage)
+        if shown is None:
+            raise TypeError(
+                f"{type(self).__name__}.{stage}_progress_bar does not exist yet: it is made when the first "
+                f"{stage} stage starts (on global rank 0, with the bar enabled)."
+            )
+        return getattr(shown, "bar", shown)
 
     def _bar(self, description: str, total: float, *, training: bool, transient: bool = False) -> Any:
         """A bar for one stage: ``advance(postfix)``, ``draw(postfix)``, ``close(postfix)``, ``discard()``.
@@ -152,6 +212,7 @@ class StageBars(ProgressBar):
         raise NotImplementedError
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+        self._trainer = trainer
         if not trainer.is_global_zero:
             self.disable()
 
@@ -168,7 +229,9 @@ class StageBars(ProgressBar):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if not self._enabled:
             return
-        self._train = self._bar(f"Epoch {trainer.current_epoch}", trainer.num_training_batches, training=True)
+        self._train = self._shown["train"] = self._bar(
+            f"Epoch {trainer.current_epoch}", trainer.num_training_batches, training=True
+        )
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
@@ -184,12 +247,12 @@ class StageBars(ProgressBar):
 
     # -- evaluation ------------------------------------------------------------------------------
     def _open_eval(
-        self, trainer: Trainer, description: str, lengths: list[int | float], transient: bool = False
+        self, stage: str, description: str, lengths: list[int | float], transient: bool = False
     ) -> None:
         if not self._enabled:
             return
         total = sum(lengths) if lengths else 0
-        self._eval = self._bar(description, total, training=False, transient=transient)
+        self._eval = self._shown[stage] = self._bar(description, total, training=False, transient=transient)
 
     def _advance_eval(self) -> None:
         if self._eval is not None:
@@ -202,9 +265,9 @@ class StageBars(ProgressBar):
 
     def on_validation_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         if trainer.sanity_checking:
-            self._open_eval(trainer, "Sanity checking", trainer.num_sanity_val_batches, transient=True)
+            self._open_eval("val", "Sanity checking", trainer.num_sanity_val_batches, transient=True)
         else:
-            self._open_eval(trainer, "Validation", trainer.num_val_batches, transient=True)
+            self._open_eval("val", "Validation", trainer.num_val_batches, transient=True)
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()
@@ -215,7 +278,7 @@ class StageBars(ProgressBar):
             self._train.draw(self._metrics(trainer, pl_module))
 
     def on_test_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        self._open_eval(trainer, "Testing", trainer.num_test_batches)
+        self._open_eval("test", "Testing", trainer.num_test_batches)
 
     def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()
@@ -224,7 +287,7 @@ class StageBars(ProgressBar):
         self._close_eval()
 
     def on_predict_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
-        self._open_eval(trainer, "Predicting", trainer.num_predict_batches)
+        self._open_eval("predict", "Predicting", trainer.num_predict_batches)
 
     def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._advance_eval()

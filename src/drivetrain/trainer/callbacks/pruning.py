@@ -284,7 +284,7 @@ class ModelPruning(Callback):
     def on_save_checkpoint(
         self, trainer: Trainer, pl_module: TrainingModule, checkpoint: dict[str, Any]
     ) -> None:
-        if not self._make_pruning_permanent or not isinstance(checkpoint.get("state_dict"), nn.Module):
+        if not self._make_pruning_permanent or "state_dict" not in checkpoint:
             return
         if not any(hasattr(module, name + "_mask") for module, name in self._parameters_to_prune):
             return

@@ -220,8 +220,9 @@ class WeightAveraging(Callback):
             self._update_after_step(trainer, pl_module)
             if trainer.fit_progress.epoch_ending:
                 self._update_at_epoch_end(trainer, pl_module)
-        # The entries are still live objects here; the strategy turns modules into state dicts as it writes.
-        # (During validation the two are swapped: the module holds the average.)
+        # "state_dict" holds the module's weights (a state dict, as Lightning's hooks see it); the average is a
+        # live module the strategy turns into a state dict as it writes. (During validation the two are swapped:
+        # the module holds the average.)
         trained, average = checkpoint["state_dict"], self._average_model.module
         if self._swapped:
             trained, average = average, trained

@@ -91,6 +91,8 @@ class EvaluationLoop:
         several = len(loaders) > 1
         if several:
             _check_takes_dataloader_idx(getattr(module, f"{prefix}_step"), f"{prefix}_step", len(loaders))
+        counts = run.evaluation_counts
+        counts.begin(_loop_name(run, stage), lambda: results.mark)  # mark: this run's batches so far
         try:
             hooks.call(f"on_{prefix}_start")
             hooks.call(f"on_{prefix}_epoch_start")
@@ -128,11 +130,20 @@ class EvaluationLoop:
                 run.metrics.log(results.epoch_metrics(logger_only=True), step=step)
             hooks.call(f"on_{prefix}_end")
         finally:
+            counts.end()
             run.state.stage = previous_stage
             leave_eval_mode(run, prefix, modes)
         if sanity:
             hooks.call("on_sanity_check_end")
+            counts.forget("fit_validation")  # as Lightning, whose counts start after the sanity check
         return per_loader_results(results.epoch_values, len(loaders))
+
+
+def _loop_name(run: RunState, stage: RunningStage) -> str:
+    """Which loop's batches these are, in :class:`~drivetrain.trainer.state.EvaluationCounts`."""
+    if stage == RunningStage.TESTING:
+        return "test"
+    return "fit_validation" if run.state.fn == TrainerFn.FITTING else "validate"
 
 
 def run_evaluation(trainer: Trainer, run: RunState, stage: RunningStage) -> list[dict[str, float]]:

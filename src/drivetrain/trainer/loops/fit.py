@@ -22,7 +22,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.strategies.preemption import PreemptionWatch
-from drivetrain.trainer import preemption
+from drivetrain.trainer import info_lines, preemption
 from drivetrain.trainer.checkpointing import restore_generators
 from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.evaluation import limit_below_length, run_evaluation
@@ -108,6 +108,7 @@ class FitLoop:
         assert hooks is not None
         if self.settings.max_time is not None:
             self._deadline = time.monotonic() + self.settings.max_time.total_seconds()
+        info_lines.fit_started(run.features.barebones)
         hooks.call("on_fit_start")
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
         self.num_batches = run.data.num_training_batches
@@ -119,6 +120,7 @@ class FitLoop:
         with preemption.watching(trainer, run.progress) as self._preemption:
             while not self.done():
                 self.run_epoch()
+        info_lines.fit_stopped(self.settings, run.progress.epoch, run.progress.global_step)
         hooks.call("on_train_end")
         hooks.call("on_fit_end")
 
@@ -137,6 +139,8 @@ class FitLoop:
         # in Lightning; evaluation puts every submodule back in its mode when it ends.
         run.module._results = results
         resuming = progress.batches_done > 0 or progress.validation_pending or progress.epoch_finished
+        if resuming:
+            progress.begin_epoch(hook_runs=False)
         if not progress.epoch_finished:
             if not resuming:
                 if progress.epoch and run.data.reload_if_due(RunningStage.TRAINING, progress.epoch):
@@ -144,7 +148,11 @@ class FitLoop:
                     self.val_check_batch = self._val_check_batch()
                 results.reset()
                 results.batch_level = False
+                progress.begin_epoch(hook_runs=True)
                 hooks.call("on_train_epoch_start")
+                progress.epoch_started = True
+                # Lightning's total of validation batches inside fit starts again with each epoch's batches.
+                run.evaluation_counts.forget("fit_validation", latest=False)
             results.batch_level = True
             profiler = run.features.profiler
             with profiler.profile("run_training_epoch") if profiler is not None else nullcontext():
@@ -183,10 +191,7 @@ class FitLoop:
             )
         run.metrics.persist(results)
         results.end_epoch()
-        progress.epoch += 1
-        progress.batches_done = 0
-        progress.epoch_finished = False
-        progress.epoch_ending = False
+        progress.end_epoch()
 
     def _epoch_iterator(self) -> Iterator[Any]:
         loader = self.run_state.data.train_loader

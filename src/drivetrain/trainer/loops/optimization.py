@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 from torch.optim import Optimizer
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.step_policy import GradientAccumulation, clip_gradients
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
 from drivetrain.trainer.optimizers import step_schedulers
+
+_log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from drivetrain.trainer.run_state import RunState
@@ -161,11 +164,13 @@ class Optimization:
         self.manual = not module.automatic_optimization
         if self.manual:
             automatic_only = [name for name in hooks if name != "backward"]
-            if automatic_only:
-                raise ValueError(
+            if automatic_only and strategy.is_global_zero:
+                # Lightning accepts these overrides (a base class shared with automatic modules has them) and
+                # never calls them in manual optimisation; so does drivetrain, and says so once.
+                _log.info(
                     f"{type(module).__name__} overrides {', '.join(automatic_only)}, which the Trainer calls in "
-                    f"automatic optimisation only, but automatic_optimization is False. In manual optimisation "
-                    f"call that code yourself in training_step (after opt.step(), say)."
+                    f"automatic optimisation only; with automatic_optimization = False they run where training_step "
+                    f"calls them."
                 )
             if self.clip_value is not None:
                 raise ValueError(
@@ -313,7 +318,9 @@ class Optimization:
         if self._clip_hook is not None:
             self._clip_hook(optimizer, self.clip_value, self.clip_algorithm)
         elif self.clip_value is not None:
-            clip_gradients(self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm)
+            clip_gradients(
+                self.strategy, self.model, optimizer, self.clip_value, self.clip_algorithm or "norm"
+            )
 
     def _optimizer_step(self, closure: Callable[[], Any] | None) -> Any:
         optimizer = self.optimizer
@@ -514,10 +521,16 @@ def module_hooks(module: Any, strategy: Any) -> dict[str, Callable[..., Any]]:
         type(strategy).backward is not Strategy.backward
         or type(strategy.precision).backward is not Precision.backward
     ):
-        raise ValueError(
+        # Lightning (with DeepSpeed) accepts the override, warns and ignores it: so does drivetrain.
+        import warnings
+
+        del found["backward"]
+        warnings.warn(
             f"{type(module).__name__} overrides backward(), but {type(strategy).__name__} runs the backward pass "
-            f"itself (its own backward(), as DeepSpeed's engine does, or its precision's), so the override could not be honoured. Move "
-            f"that code to on_before_backward/on_after_backward, or use another strategy."
+            f"itself (its own backward(), as DeepSpeed's engine does, or its precision's), so the override is "
+            f"ignored. Move that code to on_before_backward/on_after_backward, or use another strategy.",
+            UserWarning,
+            stacklevel=2,
         )
     return found
 

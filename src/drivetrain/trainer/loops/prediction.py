@@ -48,6 +48,10 @@ class PredictionLoop:
         self.current_batch_indices: list[int] | None = None
         self._predictions: list[list[Any]] = []
         self._batch_indices: list[list[Any]] = []
+        # Batches begun: of the earlier loaders, and of the current one (the loop's own position, also
+        # what `trainer.predict_loop.batch_progress` shows).
+        self._earlier_batches = 0
+        self._loader_batches = 0
 
     @property
     def predictions(self) -> list[Any]:
@@ -61,6 +65,22 @@ class PredictionLoop:
     def epoch_batch_indices(self) -> list[Any]:
         """The dataset indices of each batch this process predicted, shaped like :attr:`predictions`."""
         return self._batch_indices[0] if len(self._batch_indices) == 1 else self._batch_indices
+
+    @property
+    def batch_progress(self) -> Any:
+        """Lightning's counters of the batches predicted, in this process (see :mod:`drivetrain.trainer.loop_views`)."""
+        from drivetrain.trainer.loop_views import evaluation_progress
+
+        return evaluation_progress(self.run_state, "predict")
+
+    @property
+    def max_batches(self) -> list[int | float]:
+        """Batches per loader this process predicts (``trainer.num_predict_batches``)."""
+        return self.trainer.num_predict_batches
+
+    @property
+    def num_dataloaders(self) -> int:
+        return len(self.max_batches)
 
     def run(self) -> Any:
         trainer, run = self.trainer, self.run_state
@@ -78,20 +98,47 @@ class PredictionLoop:
         keep = self.return_predictions or _writes_per_epoch(trainer.callbacks)
         self._predictions = []
         self._batch_indices = []
+        self._earlier_batches = self._loader_batches = 0
+        run.evaluation_counts.begin("predict", lambda: self._earlier_batches + self._loader_batches)
+        try:
+            self._run_loaders(loaders, lengths, padding, step, batch_start, batch_end, keep)
+        finally:
+            run.evaluation_counts.end()
+        leave_eval_mode(run, "predict", modes)
+        self.current_batch_indices = None
+        if not self.return_predictions:
+            return None
+        outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, self._predictions)]
+        return outputs if several else (outputs[0] if outputs else [])
+
+    def _run_loaders(
+        self,
+        loaders: list[Any],
+        lengths: list[float],
+        padding: Padding,
+        step: Any,
+        batch_start: Any,
+        batch_end: Any,
+        keep: bool,
+    ) -> None:
+        hooks = self.run_state.hooks
+        several = len(loaders) > 1
         hooks.call("on_predict_start")
         hooks.call("on_predict_epoch_start")
-        with grad_context(trainer, run):
+        with grad_context(self.trainer, self.run_state):
             for dataloader_idx, (loader, length) in enumerate(zip(loaders, lengths)):
                 collected: list[Any] = []
                 self._predictions.append(collected)
                 extra = (dataloader_idx,) if several else ()
                 batch = padding.shared_batch(dataloader_idx, loader)
                 cut = limit_below_length(loader, length) if length else 0
-                done = 0
+                self._earlier_batches += self._loader_batches
+                self._loader_batches = 0
                 with _recording_indices(loader) as seen:
                     for batch_idx, batch in enumerate(loader if length else ()):
                         if batch_idx >= length:
                             break
+                        self._loader_batches = batch_idx + 1
                         self.current_batch_indices = seen[batch_idx] if batch_idx < len(seen) else None
                         if batch_start is not None:
                             batch_start(batch, batch_idx, dataloader_idx)
@@ -100,20 +147,15 @@ class PredictionLoop:
                             batch_end(output, batch, batch_idx, dataloader_idx)
                         if keep:
                             collected.append(output)
-                        done = batch_idx + 1
-                        if done == cut:
+                        if batch_idx + 1 == cut:
                             break  # without reading (and placing) a batch beyond the limit
-                del seen[done:]  # read ahead (workers, the limit's look-ahead) but not predicted
+                del seen[
+                    self._loader_batches :
+                ]  # read ahead (workers, the limit's look-ahead) but not predicted
                 self._batch_indices.append(seen)
                 padding.run(dataloader_idx, step, batch, extra)
         hooks.call("on_predict_epoch_end")
         hooks.call("on_predict_end")
-        leave_eval_mode(run, "predict", modes)
-        self.current_batch_indices = None
-        if not self.return_predictions:
-            return None
-        outputs = [self._gather(loader, collected) for loader, collected in zip(loaders, self._predictions)]
-        return outputs if several else (outputs[0] if outputs else [])
 
     def _gather(self, loader: Any, collected: list[Any]) -> list[Any]:
         strategy = self.trainer.strategy
