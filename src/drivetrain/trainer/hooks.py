@@ -11,6 +11,7 @@ callbacks (checkpointing, early stopping) see what it logged.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,10 +62,51 @@ _MODULE_FIRST = frozenset(
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    """Whether ``obj`` (a class's instance) defines ``name`` differently from ``base``."""
+    """Whether ``obj`` (a class's instance) defines ``name`` differently from ``base``.
+
+    A hook set to ``None`` (``module.validation_step = None``, on the instance or the class) is
+    switched off, as in Lightning: it counts as not overridden and is never called.
+    """
+    if getattr(obj, name, None) is None:
+        return False
     if name in getattr(obj, "__dict__", {}):  # patched onto the instance
         return True
     return getattr(type(obj), name, None) is not getattr(base, name, None)
+
+
+def takes_batch_idx(step: Callable[..., Any]) -> bool:
+    """Whether a step method takes ``batch_idx`` after ``batch``, decided as Lightning does.
+
+    It does when it has a parameter named ``batch_idx``, takes ``*args``, or has at least two
+    positional parameters (whatever their names); ``training_step(self, batch)`` does not.
+    Asked once per run, never per batch.
+    """
+    step = getattr(step, "__wrapped__", step)  # a decorated step: the function underneath
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin): call it the usual way
+        return True
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if inspect.isfunction(step) and positional and positional[0].name == "self":
+        positional = positional[1:]  # unbound (a decorator's __wrapped__): ``self`` is not a step argument
+    return (
+        any(p.name == "batch_idx" for p in positional)
+        or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters)
+        or len(positional) >= 2
+    )
+
+
+def without_batch_idx(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` called as ``(batch, batch_idx, *rest)`` for one that takes ``(batch, *rest)`` (no ``batch_idx``)."""
+
+    def call(batch: Any, batch_idx: int, *rest: Any) -> Any:
+        return step(batch, *rest)
+
+    return call
 
 
 class HookRunner:
