@@ -475,6 +475,7 @@ class Trainer(TrainerProperties):
                 run.metrics.finalize(status)
             finally:
                 module._results = None
+                run.loaded_checkpoint = None  # a run that failed before restoring holds no checkpoint
                 run.strategy_ready = False
                 release_strategy(strategy)
 

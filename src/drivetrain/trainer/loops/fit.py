@@ -112,7 +112,7 @@ class FitLoop:
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
         self.num_batches = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
-        if self._sanity_steps() and not run.restored:
+        if self._sanity_steps():  # a resumed fit too, as in Lightning (the generators are restored after it)
             run_evaluation(trainer, run, RunningStage.SANITY_CHECKING)
         restore_generators(trainer, run)
         hooks.call("on_train_start")
