@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,3 +136,30 @@ def test_gradients_are_there_before_the_optimizer_step() -> None:
 
     quiet_trainer(max_steps=3).fit(Watch(), loader())
     assert len(norms) == 3 and all(n > 0 for n in norms)
+
+
+EPOCH_SCHEDULERS = Path(__file__).parent / "scripts" / "epoch_schedulers.py"
+
+
+@pytest.mark.timeout(300)
+def test_epoch_schedulers_step_where_lightning_steps_them(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Right after the epoch's last optimizer step (before its batch-end hook and validation), ReduceLROnPlateau
+    after on_train_epoch_end, and not at all when max_steps ends the fit inside an epoch: the learning rate every
+    hook sees equals Lightning 2.6's (one program run on both)."""
+    import importlib.util
+    import json
+
+    from helpers.peers import lightning_results_file
+
+    theirs = json.loads(
+        lightning_results_file(EPOCH_SCHEDULERS, "epoch-schedulers", request, tmp_path_factory).read_text()
+    )
+    spec = importlib.util.spec_from_file_location("epoch_schedulers", EPOCH_SCHEDULERS)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours = script.run_all("drivetrain")
+    assert ours == theirs
+    assert ours["max_steps_mid_epoch"][-1] == "train_end: 0.05"  # epoch 1 was cut short: no second step

@@ -73,6 +73,10 @@ class FitProgress(Restorable):
     epoch); ``validation_pending`` says a validation was due after the last finished batch and has
     not run yet; ``validations_run`` counts the validations of this fit.
 
+    ``epoch_completed`` says the epoch's data ran out (its last batch was trained on, or
+    ``on_train_batch_start`` returned ``-1``), as opposed to a fit stopped inside it (``max_steps``,
+    ``should_stop``): only then do its epoch-interval schedulers step.
+
     ``is_last_batch`` and ``epoch_ending`` describe the moment, not the position, and are not saved.
     The Trainer owns this object; others read it through :class:`FitProgressView`.
     """
@@ -83,6 +87,7 @@ class FitProgress(Restorable):
     total_batches: int = 0
     validation_pending: bool = False
     epoch_finished: bool = False
+    epoch_completed: bool = False
     validations_run: int = 0
     is_last_batch: bool = False
     epoch_ending: bool = False

@@ -7,10 +7,14 @@ As pseudocode (hooks in brackets; ``*`` marks where a checkpoint may be taken)::
         [on_train_epoch_start]
         for batch in this rank's share (resuming after the last finished batch):
             [on_train_batch_start]  training_step → backward → clip → optimizer step
+            (the epoch's last batch: epoch-interval schedulers step)
             [on_train_batch_end]*   log every log_every_n_steps   validation if due*
         epoch values reduced   validation if due at epoch end*
-        [on_train_epoch_end]*   epoch values logged   epoch schedulers step
+        [on_train_epoch_end]*   epoch values logged   epoch ReduceLROnPlateau schedulers step
     [on_train_end]  [on_fit_end]
+
+As in Lightning, an epoch's schedulers step only when its data ran out, not when ``max_steps``
+or a stop request ends the fit inside it.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ class FitLoop:
         return self.settings.num_sanity_val_steps
 
     def run_epoch(self) -> None:
-        trainer, run = self.trainer, self.run_state
+        run = self.run_state
         progress = run.progress
         hooks = run.hooks
         results = run.train_results
@@ -172,21 +176,39 @@ class FitLoop:
                 progress.global_step, progress.total_batches, run.optimization.manual
             )
             run.metrics.log(results.epoch_metrics(logger_only=True), step=max(stepped - 1, 0))
-        # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
-        if run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
-            step_schedulers(
-                run.scheduler_configs,
-                "epoch",
-                progress.epoch + 1,
-                trainer.callback_metrics,
-                run.optimization.scheduler_step,
-            )
+        # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done, but for the
+        # schedulers that step on a logged value (they step after on_train_epoch_end, as in Lightning).
+        if progress.epoch_completed:
+            self._step_epoch_schedulers(plateau=True)
         run.metrics.persist(results)
         results.end_epoch()
         progress.epoch += 1
         progress.batches_done = 0
         progress.epoch_finished = False
+        progress.epoch_completed = False
         progress.epoch_ending = False
+
+    def _step_epoch_schedulers(self, plateau: bool) -> None:
+        """The epoch-interval schedulers (those on a logged value, or the others), in automatic optimisation."""
+        run = self.run_state
+        if not run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
+            return
+        configs = [
+            c for c in run.scheduler_configs if c.interval == "epoch" and c.reduce_on_plateau == plateau
+        ]
+        if configs:
+            step_schedulers(
+                configs,
+                "epoch",
+                run.progress.epoch + 1,
+                self.trainer.callback_metrics,
+                run.optimization.scheduler_step,
+            )
+
+    def _end_of_data(self) -> None:
+        """The epoch's data ran out: its schedulers step now, right after the last optimizer step (Lightning's place)."""
+        self.run_state.progress.epoch_completed = True
+        self._step_epoch_schedulers(plateau=False)
 
     def _epoch_iterator(self) -> Iterator[Any]:
         loader = self.run_state.data.train_loader
@@ -245,11 +267,14 @@ class FitLoop:
             # The data's last batch closes an accumulation window early (the step policy's rule).
             last = progress.is_last_batch = batch_idx + 1 == limit or self._last_flag
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
+                self._end_of_data()  # the module ended the epoch here: it counts as the epoch's end
                 break
             steps_before = progress.global_step
             if logging:
                 metrics.batch_step = batches_that_stepped(steps_before, progress.total_batches, manual)
             outputs = step(batch, batch_idx, last)
+            if last:
+                self._end_of_data()
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1
