@@ -61,7 +61,9 @@ def setup_model(
     def configure_optimizers() -> list[Optimizer]:
         # The core calls this once the module is converted and placed, before wrapping it.
         optimizers, configs = parse_configure_optimizers(
-            module.configure_optimizers(), f"{type(module).__name__}.configure_optimizers()"
+            module.configure_optimizers(),
+            f"{type(module).__name__}.configure_optimizers()",
+            automatic=module.automatic_optimization,
         )
         built.extend(optimizers)
         schedulers.extend(configs)
