@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import drivetrain as dt
+from drivetrain.loggers.logger import DummyLogger
 from drivetrain.trainer import Callback
 from trainer.trainer_models import (
     Regression,
@@ -172,11 +173,19 @@ def test_fast_dev_run_runs_one_batch_of_each_stage_without_logs_or_checkpoints(t
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Regression(), loader(), loader())
+
+    class UsesItsLogger(Regression):
+        def on_train_epoch_end(self) -> None:  # module code written for a real logger runs unchanged
+            self.logger.experiment.add_scalar("custom", 1.0, self.global_step)
+            self.loggers[0].log_metrics({"custom": 1.0})
+
+    trainer.fit(UsesItsLogger(), loader(), loader())
     assert trainer.global_step == 1
-    assert trainer.loggers == []
+    # As in Lightning: a DummyLogger stands in for the configured loggers, and records nothing.
+    assert isinstance(trainer.logger, DummyLogger) and trainer.loggers == [trainer.logger]
     assert not list(tmp_path.iterdir())
     assert trainer.test(Regression(), loader(), verbose=False)[0]["test_count"] == 8.0
+    assert dt.Trainer(fast_dev_run=True, logger=False, enable_progress_bar=False).loggers == []
 
 
 def test_training_step_returning_none_skips_the_update() -> None:

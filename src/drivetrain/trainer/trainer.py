@@ -80,7 +80,9 @@ class Trainer(TrainerProperties):
         default_root_dir: where logs and checkpoints go by default (the working directory).
         deterministic: ``torch.use_deterministic_algorithms`` for the run (``"warn"``: warn only).
         benchmark: ``torch.backends.cudnn.benchmark`` for the run.
-        fast_dev_run: run n batches (``True``: 1) of every stage, without loggers or checkpoints.
+        fast_dev_run: run n batches (``True``: 1) of every stage, as a smoke test: the loggers are
+            replaced by a ``DummyLogger`` that records nothing, and no checkpoint is written but the
+            ``last.ckpt`` of a ``ModelCheckpoint(save_last=True)`` (as in Lightning).
         use_distributed_sampler: share each loader's batches between the processes (training:
             equal shares, so they step together; evaluation and prediction: no batch twice).
             ``False`` leaves it to the loaders, as does a ``DistributedSampler`` in one.
@@ -148,6 +150,7 @@ class Trainer(TrainerProperties):
         barebones: bool = False,
     ) -> None:
         from drivetrain.connector import connect
+        from drivetrain.loggers.logger import DummyLogger
         from drivetrain.trainer.arguments import apply_barebones, resolve_features
         from drivetrain.trainer.config import build_settings
         from drivetrain.trainer.data_connector import DataConnector
@@ -231,7 +234,11 @@ class Trainer(TrainerProperties):
             features=features,
             state=TrainerState(),
             progress=FitProgress(),
-            metrics=MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self)),
+            # fast_dev_run: a DummyLogger stands in for the loggers (Lightning's), so module code using them runs.
+            metrics=MetricsHub(
+                ([DummyLogger()] if loggers else []) if fast else loggers,
+                epoch=functools.partial(_current_epoch, self),
+            ),
             callbacks=configure_callbacks(
                 callbacks,
                 enable_progress_bar=given["enable_progress_bar"],
