@@ -10,6 +10,7 @@ modules of this package.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -61,7 +62,9 @@ class Trainer(TrainerProperties):
         limit_val_batches: the same for validation (0 disables validation).
         limit_test_batches: the same for test.
         limit_predict_batches: the same for predict.
-        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int).
+        val_check_interval: validate every this fraction of an epoch (float) or number of batches (int),
+            or once this much wall time passed since the last validation (``"DD:HH:MM:SS"``, a
+            ``timedelta`` or a dict of its arguments; checked after each batch).
         check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
             batches across epochs).
         num_sanity_val_steps: validation batches run before training, to catch bugs early (default 2; -1: all).
@@ -124,7 +127,7 @@ class Trainer(TrainerProperties):
         limit_val_batches: int | float = 1.0,
         limit_test_batches: int | float = 1.0,
         limit_predict_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
+        val_check_interval: int | float | str | datetime.timedelta | dict[str, int] = 1.0,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int | None = None,

@@ -19,6 +19,7 @@ or a stop request ends the fit inside it.
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from collections.abc import Iterator
@@ -49,6 +50,12 @@ class FitLoop:
         self.num_batches: float = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
         self._deadline: float | None = None
+        interval = self.settings.val_check_interval
+        #: A time-based val_check_interval in seconds; validation is then due by the clock, not a batch count.
+        self._val_seconds = interval.total_seconds() if isinstance(interval, datetime.timedelta) else None
+        self._last_validation = time.monotonic()
+        if self._val_seconds is not None:
+            self._val_due = self._val_due_by_time  # type: ignore[method-assign]  # decided once, not per batch
         self._last_flag = False
         self._preemption = PreemptionWatch((), int)  # inert; the run's own once run() starts
 
@@ -58,6 +65,8 @@ class FitLoop:
         if not self.run_state.data.validation_enabled:
             return None
         interval = settings.val_check_interval
+        if isinstance(interval, datetime.timedelta):
+            return math.inf  # by the clock (_val_due_by_time), not at a batch of the epoch
         if isinstance(interval, float):
             if math.isinf(self.num_batches):
                 if interval != 1.0:
@@ -75,11 +84,22 @@ class FitLoop:
             )
         return float(interval)
 
+    def _val_due_by_time(self, batches_done: int) -> bool:
+        """A time-based interval: due once that much wall time passed since the last validation (or the fit's
+        start), in an epoch ``check_val_every_n_epoch`` allows; the processes agree (any one's clock decides)."""
+        every_n = self.settings.check_val_every_n_epoch
+        if every_n is not None and (self.run_state.progress.epoch + 1) % every_n:
+            return False
+        assert self._val_seconds is not None
+        due = time.monotonic() - self._last_validation >= self._val_seconds
+        strategy = self.trainer.strategy
+        return strategy.reduce_boolean_decision(due, all=False) if strategy.world_size > 1 else due
+
     def _val_due(self, batches_done: int) -> bool:
         every_n = self.settings.check_val_every_n_epoch
         progress = self.run_state.progress
         if every_n is None:
-            return progress.total_batches % self.settings.val_check_interval == 0
+            return progress.total_batches % self.settings.val_check_interval == 0  # type: ignore[operator]
         if (progress.epoch + 1) % every_n:
             return False
         return batches_done % self.val_check_batch == 0  # type: ignore[operator]
@@ -119,6 +139,7 @@ class FitLoop:
         if self._sanity_steps():  # a resumed fit too, as in Lightning (the generators are restored after it)
             run_evaluation(trainer, run, RunningStage.SANITY_CHECKING)
         restore_generators(trainer, run)
+        self._last_validation = time.monotonic()
         hooks.call("on_train_start")
         with preemption.watching(trainer, run.progress) as self._preemption:
             while not self.done():
@@ -163,7 +184,11 @@ class FitLoop:
                     f"progress. Check the dataset (an iterable dataset may be exhausted, or shard to nothing "
                     f"on this process)."
                 )
-            if math.isinf(self.num_batches) and self.val_check_batch == math.inf:
+            if (
+                math.isinf(self.num_batches)
+                and self.val_check_batch == math.inf
+                and self._val_seconds is None
+            ):
                 every_n = self.settings.check_val_every_n_epoch or 1
                 progress.validation_pending = (progress.epoch + 1) % every_n == 0
             results.reduce_epoch()
@@ -310,6 +335,7 @@ class FitLoop:
         progress.validations_run += 1
         run.data.reload_if_due(RunningStage.VALIDATING, progress.epoch)
         run_evaluation(self.trainer, run, RunningStage.VALIDATING)
+        self._last_validation = time.monotonic()
         run.module._results = run.train_results
         run.state.stage = RunningStage.TRAINING
 
