@@ -55,6 +55,23 @@ def test_trainer_reference_and_device() -> None:
     assert model.trainer is trainer and model.global_step == 2
 
 
+def test_dtype_follows_the_weights_as_lightnings_does() -> None:
+    model = Regression()
+    assert model.dtype == torch.float32
+    assert model.double().dtype == torch.float64 and model.half().dtype == torch.float16
+    model.float()
+    seen: list[torch.dtype] = []
+
+    class Seen(Regression):
+        def on_train_start(self) -> None:
+            seen.append(self.dtype)
+
+    quiet_trainer(max_steps=1, precision="bf16-true").fit(Seen(), loader())
+    assert seen == [torch.bfloat16]
+    with pytest.raises(RuntimeError, match=r"dtype follows the weights and cannot be set; convert them with"):
+        model.dtype = torch.float64  # type: ignore[misc]
+
+
 def test_predict_returns_every_batch_in_order() -> None:
     model = Regression()
     data = regression_data(20)
