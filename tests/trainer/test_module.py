@@ -115,3 +115,26 @@ def test_load_from_checkpoint_of_a_folder_names_its_checkpoint_files(tmp_path: A
         FileNotFoundError, match=r"ckpt_path='lastest' does not exist .*Did you mean ckpt_path='last'\?"
     ):
         quiet_trainer(max_steps=1).fit(Regression(), loader(), ckpt_path="lastest")
+
+
+def test_rank_zero_only_is_public_as_lightnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from drivetrain.trainer import rank_zero_only
+
+    calls: list[int] = []
+
+    @rank_zero_only
+    def report(value: int) -> int:
+        calls.append(value)
+        return value
+
+    assert report(1) == 1 and rank_zero_only.rank == 0
+    monkeypatch.setenv("RANK", "1")  # what a launcher announces to its second process
+    assert rank_zero_only.rank == 1 and report(2) is None
+    assert rank_zero_only(lambda: "ran", default="skipped")() == "skipped"
+    monkeypatch.delenv("RANK")
+    rank_zero_only.rank = 3  # Lightning's tests act as another rank this way
+    try:
+        assert report(3) is None
+    finally:
+        rank_zero_only.rank = None  # back to the launcher's
+    assert report(4) == 4 and calls == [1, 4]
