@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies import rng
 from drivetrain.strategies.preemption import PreemptionWatch
 from drivetrain.trainer import preemption
 from drivetrain.trainer.checkpointing import restore_generators
@@ -136,8 +137,11 @@ class FitLoop:
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
         self.num_batches = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
-        if self._sanity_steps():  # a resumed fit too, as in Lightning (the generators are restored after it)
+        if self._sanity_steps():  # a resumed fit too, as in Lightning
+            # As Lightning's, the sanity check leaves the random generators as it found them.
+            generators = rng.capture(trainer.strategy)
             run_evaluation(trainer, run, RunningStage.SANITY_CHECKING)
+            rng.restore(trainer.strategy, generators)
         restore_generators(trainer, run)
         self._last_validation = time.monotonic()
         hooks.call("on_train_start")
