@@ -54,6 +54,7 @@ class TrainingModule(LoopHooks, ModuleTools):
     __jit_unused_properties__: list[str] = [
         "trainer",
         "device",
+        "dtype",
         "global_step",
         "current_epoch",
         "global_rank",
