@@ -217,3 +217,29 @@ def test_a_crash_between_the_top_k_file_and_last_resumes_from_the_newer_step(
     trainer.fit(Scored(), loader(regression_data(64)), ckpt_path="last")
     assert steps == [4]
     assert sorted(os.listdir(folder)) == ["last.ckpt", "step=8.ckpt"]
+
+
+RESUME_SCRIPT = Path(__file__).parents[1] / "trainer" / "scripts" / "resume_pruning.py"
+
+
+@pytest.mark.timeout(300)
+def test_the_files_a_resumed_fit_keeps_are_lightnings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same program on Lightning 2.6 and here leaves the same files: the explicitly resumed-from checkpoint
+    stays when it leaves the top k, ``ckpt_path="last"`` rotates as usual, and another folder's files all stay."""
+    import importlib.util
+    import json
+
+    from helpers.peers import lightning_results_file
+
+    theirs = json.loads(
+        lightning_results_file(RESUME_SCRIPT, "resume-pruning", request, tmp_path_factory).read_text()
+    )
+    spec = importlib.util.spec_from_file_location("resume_pruning", RESUME_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours = script.run_all("drivetrain")
+    assert ours == theirs
+    assert "step=6.ckpt" in ours["top_k"][1] and "step=6.ckpt" in ours["other_folder"][1]

@@ -436,3 +436,75 @@ def test_evaluating_without_a_model_after_fit_says_it_uses_the_current_weights(t
         warnings.simplefilter("error")
         trainer.test(model, loader(), verbose=False)  # a model given: its weights, as asked
         trainer.test(dataloaders=loader(), ckpt_path="best", verbose=False)
+
+
+class Renamed(Regression):
+    """The network renamed since the checkpoint was written (``net`` → ``body``): on_load_checkpoint migrates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = self.net
+        del self.net
+        self.seen: dict[str, Any] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def configure_optimizers(self) -> Any:
+        self.seen["configured_after_hook"] = "keys" in self.seen
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.seen["keys"] = set(checkpoint)
+        # Nothing is restored yet: the weights are still the fresh ones.
+        self.seen["weights_untouched"] = bool(torch.equal(self.body[0].weight, self.fresh))
+        state = checkpoint["state_dict"]
+        for key in list(state):
+            state[key.replace("net.", "body.", 1)] = state.pop(key)
+        checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = 0.01  # a migration of the optimizer
+        checkpoint["lr_schedulers"][0]["gamma"] = 0.25
+
+
+class SeesCheckpoint(Callback):
+    def __init__(self, seen: dict[str, Any]) -> None:
+        self.seen = seen
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.seen["callback_after_module"] = "body.0.weight" in checkpoint["state_dict"]
+
+
+def test_on_load_checkpoint_migrates_the_whole_checkpoint_before_anything_is_restored(tmp_path: Path) -> None:
+    """Lightning's resume order: module, then callbacks see the whole checkpoint (weights, optimizer_states,
+    lr_schedulers) before configure_optimizers and before anything is restored, and what they change is loaded."""
+    trainer = quiet_trainer(max_epochs=1)
+    old = Regression()
+    old.configure_optimizers = Renamed.configure_optimizers.__get__(old)  # type: ignore[method-assign]
+    old.seen = {}  # type: ignore[assignment]
+    trainer.fit(old, loader())
+    trainer.save_checkpoint(tmp_path / "old.ckpt")
+    saved = {k.replace("net.", "body.", 1): v for k, v in old.state_dict().items()}
+
+    torch.manual_seed(5)
+    module = Renamed()
+    module.fresh = module.body[0].weight.detach().clone()
+    resumed = quiet_trainer(max_epochs=1, callbacks=[SeesCheckpoint(module.seen)])
+    resumed.fit(module, loader(), ckpt_path=tmp_path / "old.ckpt")  # max_epochs reached: nothing trains
+    assert {"state_dict", "optimizer_states", "lr_schedulers", "callbacks", "loops", "epoch"} <= module.seen[
+        "keys"
+    ]
+    assert module.seen["weights_untouched"] and module.seen["configured_after_hook"]
+    assert module.seen["callback_after_module"]
+    for key, value in module.state_dict().items():
+        torch.testing.assert_close(value, saved[key])
+    assert resumed.optimizers[0].param_groups[0]["lr"] == 0.01
+    assert resumed.lr_scheduler_configs[0].scheduler.gamma == 0.25
+
+    tested = Renamed()  # evaluation with ckpt_path: the same migration before the weights load
+    tested.fresh = tested.body[0].weight.detach().clone()
+    quiet_trainer().test(tested, loader(), ckpt_path=tmp_path / "old.ckpt", verbose=False)
+    assert tested.seen["weights_untouched"]
+    torch.testing.assert_close(tested.body[0].weight, saved["body.0.weight"])

@@ -190,3 +190,40 @@ def test_two_processes_share_one_seeded_order_and_respect_user_sharding() -> Non
     for rank in ranks:  # every sample once, in dataset order, on every rank
         for predicted, data in zip(rank["predicted"], (_indexed(24), _indexed(3))):
             torch.testing.assert_close(predicted, model(data.tensors[0]).detach())
+
+
+RANDOM_NUMBERS = Path(__file__).parent / "scripts" / "seeded_random_numbers.py"
+
+
+@pytest.mark.timeout(300)
+def test_after_seed_everything_a_module_draws_lightnings_random_numbers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Every training step's torch, Python and NumPy draws equal Lightning 2.6's (one program run on both), with
+    and without shuffling and validation, and so does the first draw after fit and after test: the prepared
+    loaders draw from torch's global generator what a plain DataLoader draws, and the sanity check leaves the
+    generators as it found them. The shuffled order differs by design (docs/migrating-from-lightning.md)."""
+    import importlib.util
+    import json
+
+    from helpers.peers import lightning_results_file
+
+    theirs = json.loads(
+        lightning_results_file(RANDOM_NUMBERS, "seeded-random", request, tmp_path_factory).read_text()
+    )
+    spec = importlib.util.spec_from_file_location("seeded_random_numbers", RANDOM_NUMBERS)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours = script.run_all("drivetrain")
+    assert ours.keys() == theirs.keys()
+    for case in ours:
+        assert [step[:3] for step in ours[case]["steps"]] == [step[:3] for step in theirs[case]["steps"]], (
+            case
+        )
+        assert (ours[case]["after_fit"], ours[case]["after_test"]) == (
+            theirs[case]["after_fit"],
+            theirs[case]["after_test"],
+        )
+    for case in ("in_order", "in_order_validated"):  # the batches too, in order
+        assert [step[3] for step in ours[case]["steps"]] == [step[3] for step in theirs[case]["steps"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import drivetrain as dt
+from drivetrain.loggers.logger import DummyLogger
 from drivetrain.trainer import Callback
 from trainer.trainer_models import (
     Regression,
@@ -172,11 +174,19 @@ def test_fast_dev_run_runs_one_batch_of_each_stage_without_logs_or_checkpoints(t
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Regression(), loader(), loader())
+
+    class UsesItsLogger(Regression):
+        def on_train_epoch_end(self) -> None:  # module code written for a real logger runs unchanged
+            self.logger.experiment.add_scalar("custom", 1.0, self.global_step)
+            self.loggers[0].log_metrics({"custom": 1.0})
+
+    trainer.fit(UsesItsLogger(), loader(), loader())
     assert trainer.global_step == 1
-    assert trainer.loggers == []
+    # As in Lightning: a DummyLogger stands in for the configured loggers, and records nothing.
+    assert isinstance(trainer.logger, DummyLogger) and trainer.loggers == [trainer.logger]
     assert not list(tmp_path.iterdir())
     assert trainer.test(Regression(), loader(), verbose=False)[0]["test_count"] == 8.0
+    assert dt.Trainer(fast_dev_run=True, logger=False, enable_progress_bar=False).loggers == []
 
 
 def test_training_step_returning_none_skips_the_update() -> None:
@@ -278,3 +288,43 @@ def test_true_precisions_keep_complex_buffers_and_parameters(precision: str) -> 
     assert model.gain.dtype == torch.complex64
     assert model.gain.imag.item() != 0.0  # trained as a complex number, not cast to its real part
     assert model.gain.grad is None or model.gain.grad.dtype == torch.complex64
+
+
+EVERY_BATCH = [(epoch, step) for epoch in range(3) for step in range(4 * epoch + 1, 4 * epoch + 5)]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        # A microsecond passes during every batch: each one is due (no sleeping, no clock in the assert).
+        ({"val_check_interval": datetime.timedelta(microseconds=1)}, EVERY_BATCH),
+        (
+            {"val_check_interval": datetime.timedelta(microseconds=1), "check_val_every_n_epoch": None},
+            EVERY_BATCH,
+        ),
+        (
+            {"val_check_interval": datetime.timedelta(microseconds=1), "check_val_every_n_epoch": 2},
+            [(1, 5), (1, 6), (1, 7), (1, 8)],
+        ),
+        ({"val_check_interval": {"days": 1}}, []),  # never due: not even at an epoch's end
+        ({"val_check_interval": "01:00:00:00"}, []),
+    ],
+)
+def test_a_time_based_val_check_interval_validates_when_the_time_has_passed(
+    settings: dict[str, Any], expected: list[tuple[int, int]]
+) -> None:
+    """Lightning 2.6's time-based val_check_interval ('DD:HH:MM:SS', timedelta or dict): validation after the
+    batch at which that much time has passed since the last one; the (epoch, step) lists are Lightning's."""
+
+    class Validated(Regression):
+        seen: list[tuple[int, int]]
+
+        def on_validation_end(self) -> None:
+            self.seen.append((self.current_epoch, self.global_step))
+
+    module = Validated()
+    module.seen = []
+    trainer = quiet_trainer(max_epochs=3, limit_train_batches=4, **settings)
+    trainer.fit(module, loader(), loader())
+    assert module.seen == expected
+    assert isinstance(trainer.val_check_interval, datetime.timedelta)

@@ -37,17 +37,16 @@ def test_fit_calls_hooks_in_order() -> None:
     )
     trainer.fit(_recording_module(calls), loader(), loader())
 
-    def both(name: str, module_first: bool = False) -> list[tuple[str, str]]:
-        pair = [("callback", name), ("module", name)]
-        return pair[::-1] if module_first else pair
+    def both(name: str) -> list[tuple[str, str]]:  # callbacks first, the *_end hooks too (Lightning 2.6)
+        return [("callback", name), ("module", name)]
 
     validation = [
         *both("on_validation_start"),
         *both("on_validation_epoch_start"),
         *both("on_validation_batch_start"),
         *both("on_validation_batch_end"),
-        *both("on_validation_epoch_end", module_first=True),
-        *both("on_validation_end", module_first=True),
+        *both("on_validation_epoch_end"),
+        *both("on_validation_end"),
     ]
     batch = [
         *both("on_train_batch_start"),
@@ -68,9 +67,9 @@ def test_fit_calls_hooks_in_order() -> None:
         *batch,
         *batch,
         *validation,
-        *both("on_train_epoch_end", module_first=True),
-        *both("on_train_end", module_first=True),
-        *both("on_fit_end", module_first=True),
+        *both("on_train_epoch_end"),
+        *both("on_train_end"),
+        *both("on_fit_end"),
         *both("teardown"),
     ]
     assert calls == expected

@@ -144,6 +144,10 @@ SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"save_top_k": -1, "filename": "{epoch}", "save_last": True},
         {"val_check_interval": 0.5},
     ),
+    # save_last when the fit saves nothing else: last.ckpt when training ends (Lightning 2.6's on_train_end).
+    "last_without_top_k": ({"save_top_k": 0, "save_last": True}, {}),
+    "last_after_too_few_epochs": ({"every_n_epochs": 3, "save_last": True}, {}),
+    "last_after_fast_dev_run": ({"save_last": True}, {"fast_dev_run": True}),
 }
 
 

@@ -188,3 +188,36 @@ def test_metrics_csv_rows_carry_the_epoch_and_suffixes_only_when_both_are_logged
     assert shown == {"train_loss", "both_step", "both_epoch", "epoch_only", "val_loss"}
     # Callbacks see every name, the plain one being the latest value.
     assert {"both", "both_step", "both_epoch", "epoch_only"} <= set(trainer.callback_metrics)
+
+
+def test_a_name_logged_in_training_step_and_again_in_on_train_epoch_end_keeps_both(tmp_path: Path) -> None:
+    """As in Lightning 2.6 (recorded from it): the step rows carry training_step's values, the epoch row
+    on_train_epoch_end's, and callbacks see the epoch-end value under the plain name."""
+
+    class Twice(Regression):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.log("x", float(batch_idx))
+            self.log("y", float(batch_idx), on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_epoch_end(self) -> None:
+            self.log("x", 100.0)
+            self.log("y", 200.0)
+
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=4, logger=logger, log_every_n_steps=1)
+    trainer.fit(Twice(), loader())
+    metrics = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if k in ("x", "y", "y_epoch", "y_step")
+    }
+    assert metrics == {"x": 100.0, "y": 200.0, "y_epoch": 1.5, "y_step": 3.0}
+    with open(logger.metrics_file_path, newline="") as file:
+        rows = [
+            {k: v for k, v in row.items() if k in ("step", "x", "y", "y_epoch", "y_step") and v}
+            for row in csv.DictReader(file)
+        ]
+    expected: list[dict[str, str]] = []
+    for first in (0, 4):
+        expected += [{"step": str(first + i), "x": f"{i}.0", "y_step": f"{i}.0"} for i in range(4)]
+        expected.append({"step": str(first + 3), "x": "100.0", "y": "200.0", "y_epoch": "1.5"})
+    assert rows == expected

@@ -70,6 +70,23 @@ def test_trainer_can_be_assigned_as_in_lightning() -> None:
         outer.trainer = "trainer"  # type: ignore[assignment]
 
 
+def test_dtype_follows_the_weights_as_lightnings_does() -> None:
+    model = Regression()
+    assert model.dtype == torch.float32
+    assert model.double().dtype == torch.float64 and model.half().dtype == torch.float16
+    model.float()
+    seen: list[torch.dtype] = []
+
+    class Seen(Regression):
+        def on_train_start(self) -> None:
+            seen.append(self.dtype)
+
+    quiet_trainer(max_steps=1, precision="bf16-true").fit(Seen(), loader())
+    assert seen == [torch.bfloat16]
+    with pytest.raises(RuntimeError, match=r"dtype follows the weights and cannot be set; convert them with"):
+        model.dtype = torch.float64  # type: ignore[misc]
+
+
 def test_predict_returns_every_batch_in_order() -> None:
     model = Regression()
     data = regression_data(20)
@@ -113,3 +130,26 @@ def test_load_from_checkpoint_of_a_folder_names_its_checkpoint_files(tmp_path: A
         FileNotFoundError, match=r"ckpt_path='lastest' does not exist .*Did you mean ckpt_path='last'\?"
     ):
         quiet_trainer(max_steps=1).fit(Regression(), loader(), ckpt_path="lastest")
+
+
+def test_rank_zero_only_is_public_as_lightnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from drivetrain.trainer import rank_zero_only
+
+    calls: list[int] = []
+
+    @rank_zero_only
+    def report(value: int) -> int:
+        calls.append(value)
+        return value
+
+    assert report(1) == 1 and rank_zero_only.rank == 0
+    monkeypatch.setenv("RANK", "1")  # what a launcher announces to its second process
+    assert rank_zero_only.rank == 1 and report(2) is None
+    assert rank_zero_only(lambda: "ran", default="skipped")() == "skipped"
+    monkeypatch.delenv("RANK")
+    rank_zero_only.rank = 3  # Lightning's tests act as another rank this way
+    try:
+        assert report(3) is None
+    finally:
+        rank_zero_only.rank = None  # back to the launcher's
+    assert report(4) == 4 and calls == [1, 4]

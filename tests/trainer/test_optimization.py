@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,3 +178,63 @@ def test_a_step_the_loss_scaler_skipped_does_not_advance_per_step_schedules(modu
     assert trainer.global_step == 4  # the skipped step counts, as in Lightning
     assert scheduler.last_epoch == 3  # the schedule moved on for the 3 steps the optimizer took
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+
+
+EPOCH_SCHEDULERS = Path(__file__).parent / "scripts" / "epoch_schedulers.py"
+
+
+@pytest.mark.timeout(300)
+def test_epoch_schedulers_step_where_lightning_steps_them(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Right after the epoch's last optimizer step (before its batch-end hook and validation), ReduceLROnPlateau
+    after on_train_epoch_end, and not at all when max_steps ends the fit inside an epoch: the learning rate every
+    hook sees equals Lightning 2.6's (one program run on both)."""
+    import importlib.util
+    import json
+
+    from helpers.peers import lightning_results_file
+
+    theirs = json.loads(
+        lightning_results_file(EPOCH_SCHEDULERS, "epoch-schedulers", request, tmp_path_factory).read_text()
+    )
+    spec = importlib.util.spec_from_file_location("epoch_schedulers", EPOCH_SCHEDULERS)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours = script.run_all("drivetrain")
+    assert ours == theirs
+    assert ours["max_steps_mid_epoch"][-1] == "train_end: 0.05"  # epoch 1 was cut short: no second step
+
+
+class ManualPlateau(Regression):
+    """Lightning's manual-optimisation recipe: the module steps its ReduceLROnPlateau itself, no monitor given."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.1)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        optimizer.step()
+
+    def on_train_epoch_end(self) -> None:
+        self.lr_schedulers().step(1.0)  # never improves: halved after each epoch past the first
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        return [optimizer], [torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)]
+
+
+def test_manual_optimisation_steps_its_own_reduce_on_plateau_without_a_monitor() -> None:
+    trainer = quiet_trainer(max_epochs=3, limit_train_batches=2)
+    trainer.fit(ManualPlateau(), loader())
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.025)
+    with pytest.raises(
+        ValueError, match="ReduceLROnPlateau steps on a metric"
+    ):  # automatic: the Trainer steps it
+        module = ManualPlateau()
+        module.automatic_optimization = True
+        quiet_trainer(max_epochs=1).fit(module, loader())

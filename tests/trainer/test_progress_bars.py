@@ -114,6 +114,35 @@ def test_lightnings_bar_attributes(capfd: pytest.CaptureFixture[str]) -> None:
     capfd.readouterr()
 
 
+class CustomBars(TQDMProgressBar):
+    """Lightning's customisation recipe: override init_*_tqdm and change the bar they return."""
+
+    def __init__(self, buffer: io.StringIO) -> None:
+        super().__init__()
+        self.buffer = buffer
+
+    def init_train_tqdm(self) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(file=self.buffer, bar_format="{desc}|{n_fmt}/{total_fmt}", leave=True)
+
+    def init_validation_tqdm(self) -> Any:
+        bar = super().init_validation_tqdm()
+        bar.disable = True
+        return bar
+
+
+def test_init_tqdm_overrides_are_drawn_as_they_return_the_bars(capfd: pytest.CaptureFixture[str]) -> None:
+    buffer = io.StringIO()
+    trainer = quiet_trainer(max_epochs=2, enable_progress_bar=True, callbacks=[CustomBars(buffer)])
+    trainer.fit(Regression(), loader(), loader())
+    drawn = buffer.getvalue()
+    assert "Epoch 0: |8/8" in drawn and "Epoch 1: |8/8" in drawn  # the bar format and file given, our total
+    err = capfd.readouterr().err
+    assert "Validation" not in err  # switched off by its override
+    assert "Epoch 0" not in err  # the training bar went where its override sent it
+
+
 def _rich_trainer(buffer: io.StringIO, **bar: Any) -> dt.Trainer:
     from drivetrain.trainer.callbacks import RichProgressBar
 

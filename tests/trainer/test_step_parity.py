@@ -23,7 +23,7 @@ from drivetrain.trainer.loop_hooks import STEP_HOOKS
 from helpers.peers import lightning_results_file
 from helpers.peers import peers_python as lightning_python
 from helpers.scripts import run_command
-from trainer.hook_order import GENERAL_PATH_HOOKS, record
+from trainer.hook_order import GENERAL_PATH_HOOKS, record, record_with_callbacks
 from trainer.trainer_models import Regression, loader, quiet_trainer, regression_data
 
 SCRIPT = Path(__file__).parent / "hook_order.py"
@@ -169,31 +169,58 @@ def peers_python() -> Path:
     return lightning_python()
 
 
+def lightning_hook_order(
+    arguments: list[str], python: Path, request: pytest.FixtureRequest, tmp_path: Path
+) -> Any:
+    """``hook_order.py lightning *arguments`` run under Lightning, once per script version (pytest's cache)."""
+    key = hashlib.sha256(SCRIPT.read_bytes() + f"{python}{arguments}".encode()).hexdigest()[:16]
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir(f"hook-order-{key}") if cache is not None else tmp_path
+    recorded = folder / "lightning.json"
+    if not recorded.exists():
+        completed = run_command([str(python), str(SCRIPT), "lightning", *arguments], timeout=240)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        (folder / "new.json").write_text(completed.stdout.strip().splitlines()[-1])
+        (folder / "new.json").replace(recorded)
+    return json.loads(recorded.read_text())
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_fast_path_hook_order_is_lightnings(
     accumulate: int, peers_python: Path, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     assert set(GENERAL_PATH_HOOKS) == set(STEP_HOOKS)  # the recorder leaves exactly these alone
-    key = hashlib.sha256(SCRIPT.read_bytes() + f"{peers_python}{accumulate}".encode()).hexdigest()[:16]
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir(f"hook-order-fast-{key}") if cache is not None else tmp_path
-    recorded = folder / "lightning.json"
-    if not recorded.exists():
-        completed = run_command(
-            [str(peers_python), str(SCRIPT), "lightning", str(accumulate), "fast"], timeout=240
-        )
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        lightning = json.loads(completed.stdout.strip().splitlines()[-1])
-        (folder / "new.json").write_text(json.dumps(lightning))
-        (folder / "new.json").replace(recorded)
-    lightning = json.loads(recorded.read_text())
+    lightning = lightning_hook_order([str(accumulate), "fast"], peers_python, request, tmp_path)
     ours = record("drivetrain", accumulate, fast_path=True)
     assert ours == lightning
     # Not vacuous: the zeroing hook runs between training_step and the backward of each window's first batch.
     first = ours.index("on_before_zero_grad")
     assert ours[first - 1] == "training_step" and ours[first + 1] == "on_before_backward"
     assert ours.count("on_before_zero_grad") == 2 // accumulate
+
+
+@pytest.mark.timeout(300)
+def test_module_and_callback_hook_order_is_lightnings(
+    peers_python: Path, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Module and callbacks (a plain one, EarlyStopping, ModelCheckpoint) in Lightning's order through fit,
+    validate, test, predict and a resumed fit: callbacks before the module, the ``*_end`` hooks included,
+    except the monitoring callbacks after the module at ``on_train_epoch_end``."""
+    lightning = lightning_hook_order(["callbacks"], peers_python, request, tmp_path)
+    ours = record_with_callbacks("drivetrain")
+    assert ours == lightning
+    # Not vacuous: the three orders that matter are in the recording.
+    end = ours.index("callback:on_train_end")
+    assert ours[end : end + 4] == [
+        "callback:on_train_end", "early_stopping:on_train_end", "checkpoint:on_train_end", "module:on_train_end",
+    ]  # fmt: skip
+    epoch_end = ours.index("callback:on_train_epoch_end")
+    assert ours[epoch_end : epoch_end + 4] == [
+        "callback:on_train_epoch_end", "module:on_train_epoch_end", "early_stopping:on_train_epoch_end",
+        "checkpoint:on_train_epoch_end",
+    ]  # fmt: skip
+    assert {"--- fit", "--- validate", "--- test", "--- predict", "--- resume"} <= set(ours)
 
 
 OUTPUTS_SCRIPT = Path(__file__).parent / "scripts" / "batch_end_outputs.py"

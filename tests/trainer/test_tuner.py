@@ -80,6 +80,37 @@ def test_lr_find_suggests_a_rate_restores_the_weights_and_the_next_fit_trains_wi
     _assert_same_tensors(_weights(model), _weights(twin))
 
 
+class RandomData(Regression):
+    """Lightning's BoringModel habit: train_dataloader() draws its data from the global generator, and both an
+    ``lr`` attribute and an ``hparams.lr`` entry exist."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.1)
+        self.lr = 0.1
+
+    def train_dataloader(self) -> DataLoader:
+        x = torch.randn(64, 4)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_repeated_lr_find_gives_the_same_results_and_updates_attribute_and_hparams() -> None:
+    """As in Lightning: the search leaves the random generators as it found them (the data drawn by
+    train_dataloader() is the same on every call), and update_attr sets ``lr`` and ``hparams.lr`` alike."""
+    torch.manual_seed(1)
+    model = RandomData()
+    tuner = dt.Tuner(quiet_trainer(max_epochs=2, limit_train_batches=10))
+    state = torch.get_rng_state()
+    results = [tuner.lr_find(model, num_training=20).results for _ in range(3)]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert len(results[0]["lr"]) == 20 and results[1] == results[0] and results[2] == results[0]
+    suggestion = LRFinder("exponential", 1e-8, 1.0, 20)
+    suggestion.results = results[0]
+    assert model.lr == model.hparams.lr == suggestion.suggestion()
+
+
 def test_lr_find_stops_early_when_the_loss_diverges() -> None:
     finder = dt.Tuner(quiet_trainer()).lr_find(
         Regression(), loader(), min_lr=1e-3, max_lr=1e4, num_training=80, update_attr=False

@@ -129,3 +129,21 @@ def test_arguments_are_checked() -> None:
         EMAWeightAveraging(update_every_n_steps=-1)
     with pytest.raises(TypeError, match="device"):
         WeightAveraging(device=1.5)
+
+
+def test_the_modules_on_train_end_sees_the_averaged_weights() -> None:
+    """Callbacks' on_train_end runs before the module's (Lightning 2.6), so the average is in place by then."""
+
+    class Ending(Backboned):
+        def on_train_end(self) -> None:
+            self.at_train_end = params(self)
+
+    torch.manual_seed(0)
+    model, snapshots = Ending(), Snapshots()
+    quiet_trainer(max_epochs=2, callbacks=[WeightAveraging(), snapshots]).fit(
+        model, loader(regression_data(32), batch_size=8)
+    )
+    assert_close(model.at_train_end, mean(snapshots.after_step))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(model.at_train_end.values(), snapshots.after_step[-1].values())
+    )

@@ -29,13 +29,45 @@ def global_rank() -> int:
     return _rank_from_environment()
 
 
-def rank_zero_only(function: F) -> F:
-    """Run ``function`` on global rank 0; return ``None`` elsewhere."""
+class RankZeroOnly:
+    """``@rank_zero_only``: run a function on global rank 0 only (Lightning's ``rank_zero_only``).
 
-    @functools.wraps(function)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if global_rank() == 0:
-            return function(*args, **kwargs)
-        return None
+    Elsewhere the call does nothing and returns ``default`` (``None`` unless given:
+    ``rank_zero_only(fn, default=...)``). Public as ``drivetrain.trainer.rank_zero_only``.
 
-    return wrapped  # type: ignore[return-value]
+    ``rank_zero_only.rank`` is this process's global rank as its launcher announced it; setting it
+    (as Lightning's tests do to act as another rank) overrides that for the decorated functions.
+
+    Example:
+        >>> from drivetrain.trainer import rank_zero_only
+        >>> @rank_zero_only
+        ... def report(message):
+        ...     print(message)
+    """
+
+    def __init__(self) -> None:
+        self._rank: int | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else global_rank()
+
+    @rank.setter
+    def rank(self, value: int | None) -> None:  # None: the launcher's again
+        self._rank = value
+
+    def __call__(self, function: F, default: Any = None) -> F:
+        @functools.wraps(function)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if self.rank == 0:
+                return function(*args, **kwargs)
+            return default
+
+        return wrapped  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return "rank_zero_only"
+
+
+rank_zero_only = RankZeroOnly()
+"""Run the decorated function on global rank 0 only; elsewhere return ``default`` (``None``): see :class:`RankZeroOnly`."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,6 +110,18 @@ def check_batch_count(batch: Any) -> int:
     return batch
 
 
+@dataclass(frozen=True)
+class GlobalDraws:
+    """The seeds a plain ``DataLoader`` draws from torch's global generator when an epoch's iteration starts."""
+
+    #: its workers' base seed (a loader without a ``generator`` of its own)
+    base_seed: bool
+    #: ... on the first iteration only (persistent workers keep their iterator)
+    base_seed_once: bool
+    #: a ``RandomSampler`` without a generator's seed for the epoch's order
+    sampler_seed: bool
+
+
 class PreparedDataLoader(DataLoader):
     """Base of the prepared loaders; see the module docstring. Built by
     :func:`~drivetrain.data.prepare_data_loader`, not directly."""
@@ -127,9 +140,12 @@ class PreparedDataLoader(DataLoader):
         total_batch_size: int | None,
         batches_per_step: int = 1,
         epoch_seed: tuple[int, int] | None = None,
+        global_draws: GlobalDraws | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)
+        self._global_draws = global_draws
+        self._epochs_started = 0
         self._strategy = strategy
         self._rng_types = tuple(rng_types)
         self._sampler_generator = sampler_generator
@@ -244,6 +260,8 @@ class PreparedDataLoader(DataLoader):
         start_at, self._resume_at = self._resume_at, None
         if start_at is None:
             # A resumed epoch continues with the states it started with; a new one starts in step.
+            if self._global_draws is not None:
+                self._draw_global_seeds(self._global_draws)
             rng.synchronize(self._strategy, self._rng_types, self._sampler_generator)
             start_at = 0
         if self._epoch_seed is not None:
@@ -256,6 +274,16 @@ class PreparedDataLoader(DataLoader):
         self._position.yielded = start_at
         self._in_epoch = True
         return start_at
+
+    def _draw_global_seeds(self, draws: GlobalDraws) -> None:
+        """Draw (and drop) what the plain loader would draw from torch's global generator here; see
+        :func:`~drivetrain.data.prepare_data_loader` (``draw_global_seeds``)."""
+        count = int(draws.sampler_seed)
+        if draws.base_seed and not (draws.base_seed_once and self._epochs_started):
+            count += 1
+        self._epochs_started += 1
+        for _ in range(count):
+            torch.empty((), dtype=torch.int64).random_()
 
     def _end_epoch(self) -> None:
         self._in_epoch = False

@@ -27,6 +27,7 @@ from drivetrain.data.dispatch import DispatchingDataLoader
 from drivetrain.data.iterable import IterableDatasetShard
 from drivetrain.data.loader import (
     ActiveLoaders,
+    GlobalDraws,
     PreparedDataLoader,
     ShardedDataLoader,
     data_parallel_share,
@@ -56,6 +57,7 @@ def prepare_data_loader(
     share: tuple[int, int] | None = None,
     active_loaders: ActiveLoaders | None = None,
     batch_mover: Callable[[Any], Any] | None = None,
+    draw_global_seeds: bool = False,
 ) -> PreparedDataLoader:
     """The loader this process should iterate in place of ``dataloader``.
 
@@ -93,6 +95,11 @@ def prepare_data_loader(
         active_loaders: where the loader registers itself while it is being iterated.
         batch_mover: places each batch instead of the strategy's ``batch_mover()`` (a Trainer module's
             batch-transfer hooks); only with ``device_placement``.
+        draw_global_seeds: at each epoch start, draw from torch's global generator the seeds the
+            unprepared loader would draw there (its workers' base seed unless it has a generator;
+            the seed of a ``RandomSampler`` without one, when the data is not sharded) and discard
+            them, so the program's random numbers continue as they would with the plain loader
+            (what PyTorch Lightning iterates: the Trainer's parity). The order is unaffected.
 
     Raises:
         TypeError: ``dataloader`` is not a ``DataLoader``.
@@ -120,6 +127,8 @@ def prepare_data_loader(
             f"processes, which share the data out themselves; leave share out."
         )
     n, rank = share if share is not None else data_parallel_share(strategy) if shard else (1, 0)
+    # Read from the loader as the user built it, before its sampler is made seedable.
+    draws = _global_draws(dataloader, sharded=shard and n > 1) if draw_global_seeds else None
     # Per-share seeds: the ranks of one tensor-parallel group (same share) draw alike.
     seed_rank = (
         rank if share is not None else data_parallel_share(strategy)[1] if shard else strategy.global_rank
@@ -151,6 +160,7 @@ def prepare_data_loader(
         **settings,
         "generator": dataloader.generator if dataloader.generator is not None else torch.Generator(),
         "epoch_seed": (seed, seed_rank) if dataloader.generator is None else None,
+        "global_draws": draws,
     }
     per_process = batch_size // n if split_batches and batch_size else batch_size
     total = None if batch_size is None else (batch_size if split_batches else batch_size * n)
@@ -194,6 +204,19 @@ def prepare_data_loader(
         batch_sampler, n, rank, split_batches=split_batches, even_batches=even_batches
     )
     return ShardedDataLoader(dataloader.dataset, batch_sampler=sharded, **common, **sizes)
+
+
+def _global_draws(dataloader: DataLoader, sharded: bool) -> GlobalDraws:
+    """What iterating ``dataloader`` unprepared draws from torch's global generator at each epoch start."""
+    sampler = getattr(dataloader.batch_sampler, "sampler", None) or dataloader.sampler
+    # A sharded loader stands in for a DistributedSampler (Lightning's choice), which draws nothing.
+    shuffles = isinstance(sampler, RandomSampler) and sampler.generator is None and not sharded
+    return GlobalDraws(
+        base_seed=dataloader.generator is None,
+        # Persistent workers keep their iterator, and its base seed, from the first epoch on.
+        base_seed_once=dataloader.persistent_workers and dataloader.num_workers > 0,
+        sampler_seed=shuffles,
+    )
 
 
 def can_prepare(loader: Any) -> bool:

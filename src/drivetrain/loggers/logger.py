@@ -32,6 +32,7 @@ from drivetrain._utilities.rank_zero import global_rank
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "DummyLogger",
     "Logger",
     "NoExperiment",
     "flatten_params",
@@ -175,6 +176,42 @@ class Logger(ABC):
     @staticmethod
     def _writes_here() -> bool:
         return global_rank() == 0
+
+
+class DummyLogger(Logger):
+    """The logger ``Trainer(fast_dev_run=...)`` puts in place of the configured ones (Lightning's): it records
+    nothing, and accepts every call, so ``self.logger.experiment.add_image(...)`` or ``self.logger[0]`` in a
+    module runs unchanged in a smoke run."""
+
+    @property
+    def experiment(self) -> NoExperiment:
+        return NoExperiment()
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getitem__(self, index: int) -> DummyLogger:
+        return self  # ``self.logger[0]`` where a list of loggers was expected
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):  # copy, pickle and friends look for dunder methods: say there are none
+            raise AttributeError(name)
+
+        def ignored(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        return ignored
 
 
 class FolderLogger(Logger):

@@ -276,6 +276,32 @@ def _write_process_record(path: str, rank: int, record: dict[str, Any]) -> None:
 
 
 # -- reading ---------------------------------------------------------------------------------------
+def read_whole(
+    strategy: Strategy,
+    path: str | os.PathLike[str],
+    *,
+    weights_only: bool = True,
+    opt_out: str = "weights_only=False",
+) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` read as one dict, before anything is restored from it; every process calls it.
+
+    A door shows it to its hooks (which may change it) and passes it to :func:`read_checkpoint`
+    as ``loaded``. ``None`` when the strategy does not read this checkpoint whole (a sharded
+    folder, read straight into the live shards): :func:`read_checkpoint` then reads it itself.
+    """
+    where = rank_paths(strategy, path)
+    located = resolve(where.shared)
+    if located is None:
+        shown = where.shared if paths.is_remote(where.shared) else Path(where.shared).resolve()
+        raise FileNotFoundError(f"No checkpoint at '{where.shared}' (resolved to '{shown}').")
+    if not strategy.reads_checkpoint_whole(located):
+        return None
+    try:
+        return strategy.load_checkpoint(located, None, weights_only=weights_only)
+    except UnsafeCheckpointError as error:
+        raise error.with_opt_out(opt_out) from None
+
+
 def read_checkpoint(
     strategy: Strategy,
     path: str | os.PathLike[str] | RankPaths,
@@ -288,6 +314,8 @@ def read_checkpoint(
     strict: bool = True,
     translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     map_location: Any | None = None,
+    loaded: dict[str, Any] | None = None,
+    models_restored: bool = False,
 ) -> LoadedCheckpoint:
     """Restore ``objects`` (and the door's live entries) from ``path``; every process calls it.
 
@@ -304,6 +332,9 @@ def read_checkpoint(
         translate: turns a single-file checkpoint of another schema (Lightning's) into this one
             before anything is restored; such a checkpoint may lack the per-process records.
         map_location: where the strategy reads the saved tensors to before restoring them.
+        loaded: the checkpoint as :func:`read_whole` returned it (and hooks left it): restored
+            from instead of reading ``path`` again (``translate`` still applies).
+        models_restored: the door has loaded the models' weights from ``loaded`` already.
 
     ``path`` may differ between processes, as it may for :func:`write_checkpoint`: the shared
     entries are then read from global rank 0's path and each process's record from beside its own.
@@ -323,7 +354,8 @@ def read_checkpoint(
     # The door's entries are restored first: an object there may prepare the live objects for their
     # states (a Trainer callback re-creates the parameter groups it had added to an optimizer).
     live: dict[str, Any] = dict(door_entries)
-    live.update({model_key(index): model for index, model in enumerate(objects.models)})
+    if not models_restored:
+        live.update({model_key(index): model for index, model in enumerate(objects.models)})
     if not models_only:
         live.update({optimizer_key(index): opt for index, opt in enumerate(objects.optimizers)})
         live.update({scheduler_key(index): sched for index, sched in enumerate(objects.schedulers)})
@@ -332,8 +364,10 @@ def read_checkpoint(
         # weights_only and map_location are passed only when they differ from the defaults: a
         # user strategy's load_state may predate the arguments.
         strict = strict or not models_only  # resuming needs every entry; only the weights may differ
-        if translate is not None:
-            checkpoint = translate(strategy.load_checkpoint(located, map_location, weights_only=weights_only))
+        if translate is not None or loaded is not None:
+            if loaded is None:
+                loaded = strategy.load_checkpoint(located, map_location, weights_only=weights_only)
+            checkpoint = translate(loaded) if translate is not None else loaded
             if PROCESSES not in checkpoint:
                 live.pop(PROCESSES, None)
             rest = strategy._checkpoint_into_state(checkpoint, live, strict)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities import paths
 from drivetrain.strategies.consolidate import consolidate_checkpoint
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -379,6 +380,12 @@ class FSDPStrategy(ParallelStrategy):
                 f"FSDPStrategy.save_state wrote, or a full checkpoint file."
             )
         return super().load_state(path, state, strict, weights_only=weights_only, map_location=map_location)
+
+    def reads_checkpoint_whole(self, path: str | Path) -> bool:
+        """A full-state file is read as one dict; a sharded directory straight into the live shards."""
+        from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint
+
+        return not is_sharded_checkpoint(path) and not paths.isdir(path)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

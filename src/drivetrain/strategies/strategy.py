@@ -476,6 +476,16 @@ class Strategy(StrategyCapabilities):
         checkpoint = self.load_checkpoint(path, map_location, weights_only=weights_only)
         return self._checkpoint_into_state(checkpoint, state if state is not None else {}, strict)
 
+    def reads_checkpoint_whole(self, path: str | Path) -> bool:
+        """Whether :meth:`load_state` reads the checkpoint at ``path`` as one dict (:meth:`load_checkpoint`)
+        and restores the live objects from it.
+
+        A front door may then read it first, let ``on_load_checkpoint`` hooks see and change the
+        whole dict, and restore from what they leave. A strategy with a ``load_state`` of its own
+        (sharded folders read straight into the live shards) says ``False`` unless it knows better.
+        """
+        return type(self).load_state is Strategy.load_state
+
     def _state_to_checkpoint(self, state: dict[str, Any]) -> dict[str, Any]:
         return state_to_checkpoint(self, state)
 

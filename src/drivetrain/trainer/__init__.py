@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from drivetrain._utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the lazy names below
+    from drivetrain._utilities.rank_zero import rank_zero_only
     from drivetrain.trainer.callbacks import (
         BackboneFinetuning,
         BaseFinetuning,
@@ -87,6 +88,7 @@ __getattr__, __dir__ = lazy_exports(
         "TrainerStatus": _STATE,
         "Trainer": "drivetrain.trainer.trainer",
         "Tuner": "drivetrain.trainer.tuner",
+        "rank_zero_only": "drivetrain._utilities.rank_zero",
     },
 )
 
@@ -126,4 +128,5 @@ __all__ = [
     "TrainingSpikeException",
     "Tuner",
     "WeightAveraging",
+    "rank_zero_only",
 ]

@@ -60,6 +60,12 @@ def lightning_names(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def core_names(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`lightning_names`: the lists (as the hooks left them) back to numbered entries."""
     for name, key in _KEYS.items():
-        for index, value in enumerate(checkpoint.pop(name, None) or []):
+        states = checkpoint.pop(name, None) or []
+        if not isinstance(states, (list, tuple)):
+            raise TypeError(
+                f"on_load_checkpoint/on_save_checkpoint left checkpoint[{name!r}] as {type(states).__name__}; it must "
+                f"stay a list with one state dict per {'optimizer' if name == 'optimizer_states' else 'LR scheduler'}."
+            )
+        for index, value in enumerate(states):
             checkpoint[key(index)] = value
     return checkpoint

@@ -23,6 +23,7 @@ from drivetrain.strategies.checkpointing import (
     checkpoint_entries,
     optimizer_key,
     read_checkpoint,
+    read_whole,
     restore_process_state,
     restore_window_gradients,
     scheduler_key,
@@ -163,17 +164,64 @@ def save_checkpoint(
     write_checkpoint(trainer.strategy, path, checkpoint_state(trainer, run, weights_only), storage_options)
 
 
+def restore_module_and_callbacks(trainer: Trainer, run: RunState, model: Any) -> None:
+    """The first part of loading ``ckpt_path``, in Lightning's order: the checkpoint read whole, the module's
+    ``on_load_checkpoint``, the weights into ``model``, the callbacks' ``on_load_checkpoint``.
+
+    Every hook sees the whole checkpoint (``state_dict``, ``optimizer_states``, ``lr_schedulers``,
+    ``callbacks``, ``loops`` ...) and may change it: the module's before anything is loaded (it
+    may migrate the weights' keys), the callbacks' after the weights (as in Lightning) and before
+    everything else. The rest is restored later (:func:`restore_training_state`) from what they
+    left. The Trainer calls this before ``configure_optimizers`` (``model`` is the module), or,
+    on strategies that set up modules and optimizers together, after the set-up (Lightning's
+    ``restore_checkpoint_after_setup``). A checkpoint PyTorch Lightning wrote is shown as it is.
+    A sharded folder (FSDP, DeepSpeed) is never one dict: nothing happens here, and the hooks see
+    what is left once it is restored (``docs/migrating-from-lightning.md``).
+    """
+    run.loaded_checkpoint = None
+    if run.ckpt_path is None:
+        return
+    checkpoint = read_whole(
+        trainer.strategy, run.ckpt_path, weights_only=run.ckpt_weights_only, opt_out=_opt_out(trainer)
+    )
+    if checkpoint is None:
+        return
+    fitting = run.state.fn == TrainerFn.FITTING
+    translate = _translator(trainer, run.ckpt_path, training=fitting)
+    from_lightning = translate is not None
+    view = checkpoint if from_lightning else checkpoint_schema.lightning_names(checkpoint)
+    run.hooks.call_module("on_load_checkpoint", view)
+    weights = view.get("state_dict")
+    if weights is None:
+        raise ValueError(
+            f"The checkpoint '{run.ckpt_path}' has no 'state_dict' entry (the weights) after on_load_checkpoint; "
+            f"keep the weights under checkpoint['state_dict']."
+        )
+    if translate is not None and not fitting:
+        translate(view)  # only its report (what was loaded, what not): evaluation needs the weights alone
+    if fitting and not run.module.strict_loading:
+        raise ValueError(_NOT_STRICT.format(module=type(run.module).__name__, path=run.ckpt_path))
+    trainer.strategy.load_module_state_dict(model, weights, strict=fitting or run.module.strict_loading)
+    run.hooks.call_callbacks("on_load_checkpoint", view)
+    run.loaded_checkpoint = view if from_lightning else checkpoint_schema.core_names(view)
+
+
+_NOT_STRICT = (
+    "{module}.strict_loading is False, but resuming fit(ckpt_path='{path}') needs the checkpoint's weights to "
+    "match the model exactly (with the optimizer states that belong to them). Load differing weights with "
+    "load_from_checkpoint(..., strict=False) and start a new fit, or set strict_loading = True."
+)
+
+
 def restore_training_state(trainer: Trainer, run: RunState, path: str | Path) -> None:
     """Load everything a resumed fit needs; the generators are restored later, when the loop starts
     (:func:`restore_generators`)."""
     if not run.module.strict_loading:
-        raise ValueError(
-            f"{type(run.module).__name__}.strict_loading is False, but resuming fit(ckpt_path='{path}') needs "
-            f"the checkpoint's weights to match the model exactly (with the optimizer states that belong to them). "
-            f"Load differing weights with load_from_checkpoint(..., strict=False) and start a new fit, or set "
-            f"strict_loading = True."
-        )
+        raise ValueError(_NOT_STRICT.format(module=type(run.module).__name__, path=path))
+    if run.loaded_checkpoint is None:  # strategies that set up modules and optimizers together: now
+        restore_module_and_callbacks(trainer, run, run.model)
     callbacks = _CallbackStates(trainer)
+    shown, run.loaded_checkpoint = run.loaded_checkpoint, None
     try:
         loaded = read_checkpoint(
             trainer.strategy,
@@ -185,6 +233,8 @@ def restore_training_state(trainer: Trainer, run: RunState, path: str | Path) ->
             weights_only=run.ckpt_weights_only,
             opt_out=_opt_out(trainer),
             translate=_translator(trainer, path, training=True),
+            loaded=shown,
+            models_restored=shown is not None,
         )
     except KeyError as error:
         raise ValueError(
@@ -204,10 +254,11 @@ def restore_training_state(trainer: Trainer, run: RunState, path: str | Path) ->
     if loaded.process is not None:
         _restore_training_position(run, loaded.process)
     run.restored = True
-    run.hooks.call(
-        "on_load_checkpoint",
-        _loaded_view(trainer, run, {**rest, **loaded.entries, "callbacks": callbacks.saved}),
-    )
+    if shown is None:  # a sharded folder: the hooks see what is left once it is restored
+        run.hooks.call(
+            "on_load_checkpoint",
+            _loaded_view(trainer, run, {**rest, **loaded.entries, "callbacks": callbacks.saved}),
+        )
 
 
 def restore_generators(trainer: Trainer, run: RunState) -> None:
@@ -219,6 +270,11 @@ def restore_generators(trainer: Trainer, run: RunState) -> None:
 
 def restore_weights(trainer: Trainer, run: RunState, path: str | Path) -> None:
     """Load only the module's weights (for validate/test/predict with ``ckpt_path``)."""
+    if run.loaded_checkpoint is None:  # strategies that set up modules and optimizers together: now
+        restore_module_and_callbacks(trainer, run, run.model)
+    if run.loaded_checkpoint is not None:  # loaded, hooks called
+        run.loaded_checkpoint = None
+        return
     loaded = read_checkpoint(
         trainer.strategy,
         path,

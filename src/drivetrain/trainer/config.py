@@ -32,7 +32,8 @@ class LoopSettings:
     limit_val_batches: int | float
     limit_test_batches: int | float
     limit_predict_batches: int | float
-    val_check_interval: int | float
+    #: a fraction of an epoch (float), a number of batches (int), or wall time since the last validation
+    val_check_interval: int | float | datetime.timedelta
     check_val_every_n_epoch: int | None
     num_sanity_val_steps: int
     accumulate_grad_batches: int
@@ -93,7 +94,7 @@ def build_settings(
     limit_val_batches: int | float | None,
     limit_test_batches: int | float | None,
     limit_predict_batches: int | float | None,
-    val_check_interval: int | float | None,
+    val_check_interval: int | float | str | datetime.timedelta | Mapping[str, Any] | None,
     check_val_every_n_epoch: int | None,
     num_sanity_val_steps: int | None,
     accumulate_grad_batches: int | None,
@@ -132,10 +133,14 @@ def build_settings(
             ("limit_predict_batches", limit_predict_batches),
         )
     }
-    interval = 1.0 if val_check_interval is None else val_check_interval
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+    interval: Any = 1.0 if val_check_interval is None else val_check_interval
+    if isinstance(interval, (str, datetime.timedelta, Mapping)):
+        # Lightning 2.6's time-based validation: once this much wall time passed since the last one.
+        interval = parse_max_time(interval, "val_check_interval")
+    elif isinstance(interval, bool) or not isinstance(interval, (int, float)):
         raise TypeError(
-            f"val_check_interval expects a float in (0, 1] or an int number of batches, got {interval!r}."
+            f"val_check_interval expects a float in (0, 1], an int number of batches, or a duration ('DD:HH:MM:SS', "
+            f"a datetime.timedelta or a dict of its arguments), got {interval!r}."
         )
     if isinstance(interval, float) and not 0.0 < interval <= 1.0:
         raise ValueError(
@@ -145,10 +150,10 @@ def build_settings(
     if isinstance(interval, int) and interval < 1:
         raise ValueError(f"val_check_interval={interval}; an int counts training batches and must be >= 1.")
     if check_val_every_n_epoch is None:
-        if not isinstance(interval, int):
+        if isinstance(interval, float):
             raise ValueError(
                 f"check_val_every_n_epoch=None validates every val_check_interval batches across epochs, which needs "
-                f"an int val_check_interval (got {interval!r})."
+                f"an int val_check_interval or a duration (got {interval!r})."
             )
     else:
         _int(

@@ -210,6 +210,9 @@ class DataConnector(Restorable):
                 # An iterable dataset is a stream only the user knows how to split.
                 shard=features.use_distributed_sampler and not isinstance(loader.dataset, IterableDataset),
                 batch_mover=mover,
+                # The global generator then advances as under Lightning, which iterates the plain loader:
+                # after seed_everything a step's torch.rand (dropout) is Lightning's.
+                draw_global_seeds=True,
             )
         else:
             sharded = features.use_distributed_sampler and strategy.world_size > 1

@@ -11,7 +11,8 @@ them in Lightning's order (see :mod:`drivetrain.trainer.loops.optimization`)::
         closure():  training_step → [on_before_zero_grad] optimizer_zero_grad (first batch of a window)
                     → [on_before_backward] backward [on_after_backward]
         optimizer.step(): closure → [on_before_optimizer_step] configure_gradient_clipping → the step
-    lr_scheduler_step(scheduler, metric)   (per-step schedulers here, per-epoch ones after the epoch)
+    lr_scheduler_step(scheduler, metric)   (per-step schedulers here; per-epoch ones after the epoch's last
+                                           optimizer step, ReduceLROnPlateau ones after on_train_epoch_end)
 
 Batches pass ``on_before_batch_transfer`` → ``transfer_batch_to_device`` →
 ``on_after_batch_transfer`` before ``on_*_batch_start``; evaluation starts with

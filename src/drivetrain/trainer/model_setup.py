@@ -38,6 +38,12 @@ def setup_model(
             module.configure_model()
     if run.features.sync_batchnorm:
         _sync_batchnorm(trainer, module)
+    if restoring and not strategy.requires_joint_setup:
+        # Lightning's order: on_load_checkpoint and the weights before configure_optimizers (joint set-ups
+        # restore after the strategy's set-up instead).
+        from drivetrain.trainer.checkpointing import restore_module_and_callbacks
+
+        restore_module_and_callbacks(trainer, run, module)
     if with_optimizers:
         if not overrides(module, TrainingModule, "configure_optimizers"):
             raise ValueError(
@@ -65,7 +71,9 @@ def setup_model(
                 f"train). Create its layers in __init__ as attributes (self.layer = nn.Linear(...)) or in "
                 f"configure_model(); a module with nothing to train is run with validate, test or predict, not fit."
             ) from None
-        optimizers, configs = parse_configure_optimizers(returned, where)
+        optimizers, configs = parse_configure_optimizers(
+            returned, where, automatic=module.automatic_optimization
+        )
         _check_optimizers_train_the_module(module, optimizers, where)
         built.extend(optimizers)
         schedulers.extend(configs)

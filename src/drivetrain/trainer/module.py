@@ -8,6 +8,7 @@ Trainer calls only the hooks a subclass overrides.
 from __future__ import annotations
 
 import inspect
+import itertools
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,6 +55,7 @@ class TrainingModule(LoopHooks, ModuleTools):
     __jit_unused_properties__: list[str] = [
         "trainer",
         "device",
+        "dtype",
         "global_step",
         "current_epoch",
         "global_rank",
@@ -113,6 +115,22 @@ class TrainingModule(LoopHooks, ModuleTools):
         for buffer in self.buffers():
             return buffer.device
         return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's floating-point weights (``torch.get_default_dtype()`` without any), as
+        Lightning's ``LightningModule.dtype``: ``torch.bfloat16`` under ``precision="bf16-true"``, say."""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype
+        return torch.get_default_dtype()
+
+    @dtype.setter
+    def dtype(self, value: Any) -> None:
+        raise RuntimeError(
+            f"{type(self).__name__}.dtype follows the weights and cannot be set; convert them with "
+            f"module.to({value!r}), or choose the Trainer's precision (e.g. precision='bf16-true')."
+        )
 
     @property
     def device_mesh(self) -> Any:

@@ -43,14 +43,37 @@ def _is_scheduler(value: Any) -> bool:
 
 
 def parse_configure_optimizers(
-    result: Any, where: str = "configure_optimizers()"
+    result: Any, where: str = "configure_optimizers()", automatic: bool = True
 ) -> tuple[list[Any], list[LRSchedulerConfig]]:
     """Split what ``configure_optimizers`` returned into optimizers and scheduler configs.
+
+    ``automatic``: the Trainer steps the schedulers (automatic optimisation), so a ``ReduceLROnPlateau``
+    needs a ``monitor``. In manual optimisation the module steps them itself, as in Lightning: no
+    monitor is needed, and one given is ignored (with a warning).
 
     Raises:
         TypeError: a form other than those documented on ``TrainingModule.configure_optimizers``.
         ValueError: a scheduler setting out of range (interval, frequency, a plateau scheduler without a monitor).
     """
+    optimizers, configs = _parse(result, where)
+    for config in configs:
+        if not automatic:
+            if config.monitor is not None:
+                warnings.warn(
+                    f"{where}: the scheduler's monitor={config.monitor!r} is ignored in manual optimisation; step "
+                    f"{type(config.scheduler).__name__} yourself (self.lr_schedulers().step(value)).",
+                    UserWarning,
+                    stacklevel=4,
+                )
+        elif config.reduce_on_plateau and config.monitor is None:
+            raise ValueError(
+                f"{where}: ReduceLROnPlateau steps on a metric; name it with "
+                f"{{'scheduler': scheduler, 'monitor': 'val_loss'}} (a name you log with self.log)."
+            )
+    return optimizers, configs
+
+
+def _parse(result: Any, where: str) -> tuple[list[Any], list[LRSchedulerConfig]]:
     if result is None:
         raise TypeError(f"{where} returned None; return {_FORMS}.")
     if _is_optimizer(result):
@@ -127,11 +150,6 @@ def _scheduler_config(value: Any, monitor: str | None, where: str) -> LRSchedule
         raise ValueError(f"{where}: interval={config.interval!r}; use 'step' or 'epoch'.")
     if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
         raise ValueError(f"{where}: frequency={config.frequency!r}; use an int >= 1.")
-    if config.reduce_on_plateau and config.monitor is None:
-        raise ValueError(
-            f"{where}: ReduceLROnPlateau steps on a metric; name it with "
-            f"{{'scheduler': scheduler, 'monitor': 'val_loss'}} (a name you log with self.log)."
-        )
     return config
 
 

@@ -6,6 +6,7 @@ its settings and entry points.
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -167,8 +168,8 @@ class TrainerProperties:
         return self._run.settings.min_steps
 
     @property
-    def val_check_interval(self) -> int | float:
-        """Validate every this fraction of an epoch (float) or number of batches (int)."""
+    def val_check_interval(self) -> int | float | datetime.timedelta:
+        """Validate every this fraction of an epoch (float), number of batches (int), or wall time (timedelta)."""
         return self._run.settings.val_check_interval
 
     @property

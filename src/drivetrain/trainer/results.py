@@ -212,15 +212,19 @@ class ResultCollection:
             sync_epoch=(self._all_reduce is not None) if sync_dist is None else bool(sync_dist),
         )
         existing = self.slots.get(key)
+        slot_key = key
+        if (
+            existing is not None
+            and existing.options[-1] != batch_level
+            and not _same_settings(existing, slot)
+        ):
+            # Logged under this name both in a batch loop and in an epoch-level hook (training_step and
+            # on_train_epoch_end), with other settings: two values, as Lightning keeps one per hook; the
+            # epoch-level one is the epoch's value under the plain name.
+            slot_key = key + (_BATCH_LEVEL if batch_level else _EPOCH_LEVEL)
+            existing = self.slots.get(slot_key)
         if existing is not None:
-            resolved = (
-                existing.on_step,
-                existing.on_epoch,
-                existing.prog_bar,
-                existing.to_logger,
-                existing.reduce,
-            )
-            if resolved != (slot.on_step, slot.on_epoch, slot.prog_bar, slot.to_logger, slot.reduce):
+            if not _same_settings(existing, slot):
                 raise ValueError(
                     f"{name!r} is logged in two places with different settings "
                     f"(on_step={existing.on_step}, on_epoch={existing.on_epoch}, prog_bar={existing.prog_bar}, "
@@ -231,9 +235,9 @@ class ResultCollection:
             existing.options = options  # same meaning, other spelling: remember this one too
             slot = existing
         elif slot.sync and self._all_gather_object is not None:
-            _check_same_name_everywhere(key, self._all_gather_object)
-        self.slots[key] = slot
-        if slot.fast and batch_level and not self.suffix:
+            _check_same_name_everywhere(slot_key, self._all_gather_object)
+        self.slots[slot_key] = slot
+        if slot.fast and batch_level and not self.suffix and slot_key == key:
             self._fast[key] = slot
             self.fast = self._fast if self._batch_level else {}
         return slot
@@ -346,7 +350,7 @@ class ResultCollection:
         for key, entry in state.items():
             options = entry["options"]
             slot = _Slot(
-                key,
+                options.get("name", key),
                 ("restored",),
                 on_step=options["on_step"],
                 on_epoch=options["on_epoch"],
@@ -359,6 +363,21 @@ class ResultCollection:
             slot.values = list(entry["values"])
             slot.weights = list(entry["weights"])
             self.slots[key] = slot
+
+
+#: Where a name's second slot is kept when it is logged both in a batch loop and in an epoch-level hook.
+_EPOCH_LEVEL = "\x00epoch-level"
+_BATCH_LEVEL = "\x00batch-level"
+
+
+def _same_settings(existing: _Slot, new: _Slot) -> bool:
+    return (existing.on_step, existing.on_epoch, existing.prog_bar, existing.to_logger, existing.reduce) == (
+        new.on_step,
+        new.on_epoch,
+        new.prog_bar,
+        new.to_logger,
+        new.reduce,
+    )
 
 
 def _detached(value: Tensor | float) -> Tensor | float:

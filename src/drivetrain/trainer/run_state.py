@@ -68,6 +68,9 @@ class RunState:
     ckpt_weights_only: bool = True
     restored: bool = False
     pending_process: dict[str, Any] | None = None  # this rank's record of a resumed checkpoint
+    loaded_checkpoint: dict[str, Any] | None = (
+        None  # read whole, through on_load_checkpoint, not yet restored
+    )
     # -- processes ------------------------------------------------------------------------------
     strategy_ready: bool = False
     ran_here: bool = False

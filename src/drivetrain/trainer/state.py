@@ -74,6 +74,10 @@ class FitProgress(Restorable):
     epoch); ``validation_pending`` says a validation was due after the last finished batch and has
     not run yet; ``validations_run`` counts the validations of this fit.
 
+    ``epoch_completed`` says the epoch's data ran out (its last batch was trained on, or
+    ``on_train_batch_start`` returned ``-1``), as opposed to a fit stopped inside it (``max_steps``,
+    ``should_stop``): only then do its epoch-interval schedulers step.
+
     ``is_last_batch``, ``epoch_ending``, ``epoch_begun``/``epoch_started`` (set before and after
     ``on_train_epoch_start``), ``epoch_start_step`` (the optimizer steps taken before the epoch) and
     the ``previous_epoch_*`` counts describe the moment, not the position, and are not saved; the
@@ -87,6 +91,7 @@ class FitProgress(Restorable):
     total_batches: int = 0
     validation_pending: bool = False
     epoch_finished: bool = False
+    epoch_completed: bool = False
     validations_run: int = 0
     is_last_batch: bool = False
     epoch_ending: bool = False
@@ -109,6 +114,7 @@ class FitProgress(Restorable):
         self.epoch += 1
         self.batches_done = 0
         self.epoch_finished = False
+        self.epoch_completed = False
         self.epoch_ending = False
         self.epoch_begun = False
         self.epoch_started = False

@@ -10,6 +10,7 @@ modules of this package.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -61,7 +62,9 @@ class Trainer(TrainerProperties):
         limit_val_batches: the same for validation (0 disables validation).
         limit_test_batches: the same for test.
         limit_predict_batches: the same for predict.
-        val_check_interval: validate every this fraction of an epoch (float; default 1.0) or number of batches (int).
+        val_check_interval: validate every this fraction of an epoch (float; default 1.0) or number of batches (int),
+            or once this much wall time passed since the last validation (``"DD:HH:MM:SS"``, a
+            ``timedelta`` or a dict of its arguments; checked after each batch).
         check_val_every_n_epoch: validate in every n-th epoch (``None``: count ``val_check_interval``
             batches across epochs).
         num_sanity_val_steps: validation batches run before training, to catch bugs early (default 2; -1: all).
@@ -80,7 +83,9 @@ class Trainer(TrainerProperties):
         default_root_dir: where logs and checkpoints go by default (the working directory).
         deterministic: ``torch.use_deterministic_algorithms`` for the run (``"warn"``: warn only).
         benchmark: ``torch.backends.cudnn.benchmark`` for the run.
-        fast_dev_run: run n batches (``True``: 1) of every stage, without loggers or checkpoints.
+        fast_dev_run: run n batches (``True``: 1) of every stage, as a smoke test: the loggers are
+            replaced by a ``DummyLogger`` that records nothing, and no checkpoint is written but the
+            ``last.ckpt`` of a ``ModelCheckpoint(save_last=True)`` (as in Lightning).
         use_distributed_sampler: share each loader's batches between the processes (training:
             equal shares, so they step together; evaluation and prediction: no batch twice).
             ``False`` leaves it to the loaders, as does a ``DistributedSampler`` in one.
@@ -122,7 +127,7 @@ class Trainer(TrainerProperties):
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
-        val_check_interval: int | float | None = None,
+        val_check_interval: int | float | str | datetime.timedelta | dict[str, int] | None = None,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         accumulate_grad_batches: int | None = None,
@@ -148,6 +153,7 @@ class Trainer(TrainerProperties):
         barebones: bool = False,
     ) -> None:
         from drivetrain.connector import connect
+        from drivetrain.loggers.logger import DummyLogger
         from drivetrain.trainer import info_lines
         from drivetrain.trainer.arguments import apply_barebones, resolve_features
         from drivetrain.trainer.config import build_settings
@@ -232,7 +238,11 @@ class Trainer(TrainerProperties):
             features=features,
             state=TrainerState(),
             progress=FitProgress(),
-            metrics=MetricsHub([] if fast else loggers, epoch=functools.partial(_current_epoch, self)),
+            # fast_dev_run: a DummyLogger stands in for the loggers (Lightning's), so module code using them runs.
+            metrics=MetricsHub(
+                ([DummyLogger()] if loggers else []) if fast else loggers,
+                epoch=functools.partial(_current_epoch, self),
+            ),
             callbacks=configure_callbacks(
                 callbacks,
                 enable_progress_bar=given["enable_progress_bar"],
@@ -489,6 +499,7 @@ class Trainer(TrainerProperties):
                 run.metrics.finalize(status)
             finally:
                 module._results = None
+                run.loaded_checkpoint = None  # a run that failed before restoring holds no checkpoint
                 run.strategy_ready = False
                 release_strategy(strategy)
 

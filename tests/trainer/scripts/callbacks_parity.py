@@ -24,10 +24,6 @@ def _framework(name: str) -> Any:
     return framework, callbacks
 
 
-def twice(epoch: int) -> float:
-    return 2.0
-
-
 def run_all(name: str) -> dict[str, Any]:
     framework, callbacks = _framework(name)
     base = framework.LightningModule if name == "lightning" else framework.TrainingModule
@@ -84,7 +80,8 @@ def run_all(name: str) -> dict[str, Any]:
     return {
         "weight_averaging": run(callbacks.WeightAveraging()),
         "ema": run(callbacks.EMAWeightAveraging(decay=0.8, update_starting_at_step=3)),
-        "backbone": run(callbacks.BackboneFinetuning(unfreeze_backbone_at_epoch=2, lambda_func=twice)),
+        # The default lambda_func: Lightning 2.6's grows the backbone's rate twofold per epoch.
+        "backbone": run(callbacks.BackboneFinetuning(unfreeze_backbone_at_epoch=2)),
         "pruning_global": run(
             callbacks.ModelPruning("l1_unstructured", amount=0.3, use_lottery_ticket_hypothesis=False)
         ),

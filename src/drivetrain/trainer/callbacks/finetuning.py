@@ -32,8 +32,8 @@ _log = get_logger(__name__)
 
 
 def multiplicative(epoch: int) -> float:
-    """``BackboneFinetuning``'s default ``lambda_func``: the backbone's rate grows 1.5 times per epoch."""
-    return 1.5
+    """``BackboneFinetuning``'s default ``lambda_func``: the backbone's rate doubles every epoch (Lightning 2.6's)."""
+    return 2.0
 
 
 class BaseFinetuning(Callback):
@@ -269,7 +269,7 @@ class BackboneFinetuning(BaseFinetuning):
 
     Args:
         unfreeze_backbone_at_epoch: the epoch (0-based) the backbone unfreezes in.
-        lambda_func: the factor for the backbone's rate each epoch after unfreezing (default 1.5).
+        lambda_func: the factor for the backbone's rate each epoch after unfreezing (default 2.0).
         backbone_initial_ratio_lr: the backbone's first rate as a fraction of the first group's.
         backbone_initial_lr: the backbone's first rate (instead of the ratio).
         should_align: cap the backbone's rate at the first group's.

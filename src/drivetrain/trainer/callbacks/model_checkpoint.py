@@ -177,6 +177,7 @@ class ModelCheckpoint(Callback):
         self._recent: list[str] = []
         self._pending_removals: list[str] = []
         self._last_global_step_saved = 0
+        self._saved_in_fit = False  # whether this fit wrote any checkpoint yet (see on_train_end)
 
     @property
     def state_key(self) -> str:
@@ -201,6 +202,7 @@ class ModelCheckpoint(Callback):
         self.dirpath = trainer.strategy.broadcast(dirpath) if trainer.world_size > 1 else dirpath
         if self.save_last == "link" and paths.is_remote(self.dirpath):
             raise ValueError(_LINK_LOCAL_ONLY.format(dirpath=self.dirpath))
+        self._saved_in_fit = False
 
     def on_train_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self._last_time_checked = time.monotonic()
@@ -250,6 +252,18 @@ class ModelCheckpoint(Callback):
             return
         if self._epoch_due(trainer):
             self._save(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: TrainingModule) -> None:
+        """``save_last``: a fit that saved no checkpoint at all (no validation to save after, ``fast_dev_run``)
+        still ends with ``last.ckpt``, as in Lightning 2.6."""
+        if not self.save_last or self._saved_in_fit:
+            return
+        metrics = self._format_metrics(trainer)
+        last = self._last_name(metrics)
+        if trainer.world_size > 1:
+            last = trainer.strategy.broadcast(last)
+        self._save_last(trainer, last)
+        self._prune(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: TrainingModule, exception: BaseException) -> None:
         if not self.save_on_exception or self._skip(trainer) or not (trainer.training or trainer.validating):
@@ -477,6 +491,7 @@ class ModelCheckpoint(Callback):
 
     def _write(self, trainer: Trainer, filepath: str) -> None:
         trainer.save_checkpoint(filepath, weights_only=self.save_weights_only)
+        self._saved_in_fit = True
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)

@@ -57,21 +57,8 @@ class ProgressBar(Callback):
 class _Bar:
     """One tqdm bar with throttled redraws."""
 
-    def __init__(
-        self, description: str, total: float, leave: bool, position: int, interval: float, every: int = 0
-    ) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            desc=description,
-            total=None if math.isinf(total) else int(total),
-            leave=leave,
-            position=position,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            mininterval=0,
-            smoothing=0,
-        )
+    def __init__(self, bar: Any, interval: float, every: int = 0) -> None:
+        self.bar = bar
         self.pending = 0
         self.interval = interval
         self.every = every
@@ -321,9 +308,61 @@ class TQDMProgressBar(StageBars):
     ) -> None:
         super().__init__(refresh_rate, leave, refresh_interval, log_interval)
 
+    # -- Lightning's customisation points: each returns the tqdm bar of one stage ------------------
+    def init_sanity_tqdm(self) -> Any:
+        """The bar of the sanity check (override to change it; ``bar.disable = True`` hides it)."""
+        return self._tqdm("Sanity checking", leave=False, position=self._eval_position())
+
+    def init_train_tqdm(self) -> Any:
+        """The bar of each training epoch (its description and total are set when the epoch starts)."""
+        return self._tqdm("Training", leave=self.leave, position=0)
+
+    def init_validation_tqdm(self) -> Any:
+        """The bar of a validation run (inside a fit: below the epoch's bar, gone when it ends)."""
+        return self._tqdm("Validation", leave=False, position=self._eval_position())
+
+    def init_test_tqdm(self) -> Any:
+        """The bar of ``trainer.test``."""
+        return self._tqdm("Testing", leave=False, position=0)
+
+    def init_predict_tqdm(self) -> Any:
+        """The bar of ``trainer.predict``."""
+        return self._tqdm("Predicting", leave=False, position=0)
+
+    def _eval_position(self) -> int:
+        return 1 if self._train is not None else 0
+
+    def _tqdm(self, description: str, *, leave: bool, position: int) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(
+            desc=description,
+            leave=leave,
+            position=position,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=0,
+            smoothing=0,
+            delay=1e-9,  # nothing drawn until the total is set (or an override switches the bar off)
+        )
+
     def _bar(self, description: str, total: float, *, training: bool, transient: bool = False) -> Any:
-        if not is_terminal(sys.stderr):
+        init = "init_train_tqdm" if training else _INIT_FOR[description]
+        overridden = getattr(type(self), init) is not getattr(TQDMProgressBar, init)
+        if not overridden and not is_terminal(sys.stderr):
             return PlainProgress(description, total, console.write, self.log_interval)
-        # An evaluation inside an epoch draws below the epoch's bar and leaves no trace.
-        leave, position = (self.leave, 0) if training else (False, 1 if self._train is not None else 0)
-        return _Bar(description, total, leave, position, self.refresh_interval, self.refresh_rate or 0)
+        # An overridden init_*_tqdm is drawn as it returns it (a log file included), as in Lightning; the
+        # total and, for an epoch, the description are set here.
+        bar = getattr(self, init)()
+        bar.reset(total=None if math.isinf(total) else int(total))
+        if training or not overridden:
+            bar.set_description(description, refresh=False)
+        return _Bar(bar, self.refresh_interval, self.refresh_rate or 0)
+
+
+_INIT_FOR = {
+    "Sanity checking": "init_sanity_tqdm",
+    "Validation": "init_validation_tqdm",
+    "Testing": "init_test_tqdm",
+    "Predicting": "init_predict_tqdm",
+}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from drivetrain.trainer.hooks import overrides, takes_batch_idx, without_batch_idx
 from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
 from drivetrain.trainer.loops.uneven import Padding
@@ -55,6 +56,8 @@ def step_function(trainer: Trainer, run: RunState, name: str) -> Any:
     """``module.<name>`` as the evaluation loops call it: through the wrapper only where sharding needs it."""
     module, model, strategy = run.module, run.model, trainer.strategy
     method = getattr(module, name)
+    if not takes_batch_idx(method):  # validation_step(self, batch): decided once per loop, not per batch
+        method = without_batch_idx(method)
     if strategy.requires_joint_setup and model is not None:
         method = redirected_call(model, module, method)
     step = with_precision(method, strategy.precision)
@@ -89,8 +92,7 @@ class EvaluationLoop:
         batch_start = getattr(hooks, f"on_{prefix}_batch_start")
         batch_end = getattr(hooks, f"on_{prefix}_batch_end")
         several = len(loaders) > 1
-        if several:
-            _check_takes_dataloader_idx(getattr(module, f"{prefix}_step"), f"{prefix}_step", len(loaders))
+        check_dataloader_idx(module, prefix, len(loaders))
         counts = run.evaluation_counts
         counts.begin(_loop_name(run, stage), lambda: results.mark)  # mark: this run's batches so far
         try:
@@ -109,10 +111,10 @@ class EvaluationLoop:
                         results.mark += 1
                         results.batch = batch
                         if batch_start is not None:
-                            batch_start(batch, batch_idx, dataloader_idx)
+                            batch_start(batch, batch_idx, *extra)
                         output = step(batch, batch_idx, *extra)
                         if batch_end is not None:
-                            batch_end(output, batch, batch_idx, dataloader_idx)
+                            batch_end(output, batch, batch_idx, *extra)
                         if batch_idx + 1 == cut:
                             break  # without reading (and placing) a batch beyond the limit
                     padding.run(dataloader_idx, step, batch, extra)
@@ -163,7 +165,6 @@ def limit_below_length(loader: Any, limit: float) -> float | None:
 
 def enter_eval_mode(run: RunState, prefix: str) -> list[tuple[nn.Module, bool]]:
     """``on_<prefix>_model_eval`` (by default ``trainer.model.eval()``); returns every submodule's mode before it."""
-    from drivetrain.trainer.hooks import overrides
     from drivetrain.trainer.module import TrainingModule
 
     model, module = run.model, run.module
@@ -178,7 +179,6 @@ def enter_eval_mode(run: RunState, prefix: str) -> list[tuple[nn.Module, bool]]:
 
 def leave_eval_mode(run: RunState, prefix: str, modes: list[tuple[nn.Module, bool]]) -> None:
     """``on_<prefix>_model_train`` where overridden; otherwise every submodule gets the mode it had."""
-    from drivetrain.trainer.hooks import overrides
     from drivetrain.trainer.module import TrainingModule
 
     module = run.module
@@ -190,18 +190,48 @@ def leave_eval_mode(run: RunState, prefix: str, modes: list[tuple[nn.Module, boo
         submodule.training = training
 
 
-def _check_takes_dataloader_idx(method: Any, name: str, count: int) -> None:
+def check_dataloader_idx(module: Any, prefix: str, count: int) -> None:
+    """Refuse a step or batch hook that cannot be called the way the loop will call it (once per loop).
+
+    As in Lightning, ``dataloader_idx`` is passed to ``<prefix>_step`` and to the module's and the
+    callbacks' ``on_<prefix>_batch_start``/``_end`` only when there are several loaders.
+    """
     import inspect
 
-    try:
-        inspect.signature(method).bind(None, 0, 0)
-    except TypeError:
-        raise TypeError(
-            f"There are {count} {name.split('_')[0]} loaders, so {name} is called as {name}(batch, batch_idx, "
-            f"dataloader_idx); give it a third parameter: def {name}(self, batch, batch_idx, dataloader_idx=0)."
-        ) from None
-    except ValueError:  # no signature (a builtin): let the call speak for itself
-        return
+    from drivetrain.trainer.module import TrainingModule
+
+    what = prefix.split("_")[0]
+    step = f"{prefix}_step"
+    for name in (step, f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"):
+        if name != step and not overrides(module, TrainingModule, name):
+            continue
+        method = getattr(module, name)
+        try:
+            signature = inspect.signature(getattr(method, "__wrapped__", method))
+        except (TypeError, ValueError):  # no signature (a builtin): let the call speak for itself
+            continue
+        parameters = signature.parameters
+        named = parameters.get("dataloader_idx")
+        if count > 1:
+            arguments = 3 if name == step else 4 if name.endswith("_end") else 3
+            if name == step and not takes_batch_idx(method):
+                arguments -= 1
+            try:
+                inspect.signature(method).bind(*range(arguments))
+            except TypeError:
+                shape = "(batch, batch_idx, dataloader_idx)" if name == step else "(..., dataloader_idx)"
+                raise TypeError(
+                    f"There are {count} {what} loaders, so {name} is called as {name}{shape}; give it a third "
+                    f"parameter: def {name}(self, batch, batch_idx, dataloader_idx=0)."
+                    if name == step
+                    else f"There are {count} {what} loaders, so {name} is called as {name}{shape}; give "
+                    f"{type(module).__name__}.{name} a last parameter dataloader_idx=0."
+                ) from None
+        elif named is not None and named.default is inspect.Parameter.empty:
+            raise TypeError(
+                f"There is one {what} loader, so {name} is called without dataloader_idx (as in Lightning), but "
+                f"{type(module).__name__}.{name} requires it. Give it a default: dataloader_idx=0."
+            )
 
 
 def per_loader_results(values: dict[str, Any], num_loaders: int) -> list[dict[str, float]]:

@@ -7,20 +7,26 @@ As pseudocode (hooks in brackets; ``*`` marks where a checkpoint may be taken)::
         [on_train_epoch_start]
         for batch in this rank's share (resuming after the last finished batch):
             [on_train_batch_start]  training_step → backward → clip → optimizer step
+            (the epoch's last batch: epoch-interval schedulers step)
             [on_train_batch_end]*   log every log_every_n_steps   validation if due*
         epoch values reduced   validation if due at epoch end*
-        [on_train_epoch_end]*   epoch values logged   epoch schedulers step
+        [on_train_epoch_end]*   epoch values logged   epoch ReduceLROnPlateau schedulers step
     [on_train_end]  [on_fit_end]
+
+As in Lightning, an epoch's schedulers step only when its data ran out, not when ``max_steps``
+or a stop request ends the fit inside it.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies import rng
 from drivetrain.strategies.preemption import PreemptionWatch
 from drivetrain.trainer import info_lines, preemption
 from drivetrain.trainer.checkpointing import restore_generators
@@ -45,6 +51,12 @@ class FitLoop:
         self.num_batches: float = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
         self._deadline: float | None = None
+        interval = self.settings.val_check_interval
+        #: A time-based val_check_interval in seconds; validation is then due by the clock, not a batch count.
+        self._val_seconds = interval.total_seconds() if isinstance(interval, datetime.timedelta) else None
+        self._last_validation = time.monotonic()
+        if self._val_seconds is not None:
+            self._val_due = self._val_due_by_time  # type: ignore[method-assign]  # decided once, not per batch
         self._last_flag = False
         self._preemption = PreemptionWatch((), int)  # inert; the run's own once run() starts
 
@@ -54,6 +66,8 @@ class FitLoop:
         if not self.run_state.data.validation_enabled:
             return None
         interval = settings.val_check_interval
+        if isinstance(interval, datetime.timedelta):
+            return math.inf  # by the clock (_val_due_by_time), not at a batch of the epoch
         if isinstance(interval, float):
             if math.isinf(self.num_batches):
                 if interval != 1.0:
@@ -71,11 +85,22 @@ class FitLoop:
             )
         return float(interval)
 
+    def _val_due_by_time(self, batches_done: int) -> bool:
+        """A time-based interval: due once that much wall time passed since the last validation (or the fit's
+        start), in an epoch ``check_val_every_n_epoch`` allows; the processes agree (any one's clock decides)."""
+        every_n = self.settings.check_val_every_n_epoch
+        if every_n is not None and (self.run_state.progress.epoch + 1) % every_n:
+            return False
+        assert self._val_seconds is not None
+        due = time.monotonic() - self._last_validation >= self._val_seconds
+        strategy = self.trainer.strategy
+        return strategy.reduce_boolean_decision(due, all=False) if strategy.world_size > 1 else due
+
     def _val_due(self, batches_done: int) -> bool:
         every_n = self.settings.check_val_every_n_epoch
         progress = self.run_state.progress
         if every_n is None:
-            return progress.total_batches % self.settings.val_check_interval == 0
+            return progress.total_batches % self.settings.val_check_interval == 0  # type: ignore[operator]
         if (progress.epoch + 1) % every_n:
             return False
         return batches_done % self.val_check_batch == 0  # type: ignore[operator]
@@ -113,9 +138,13 @@ class FitLoop:
         # A callback may have rebuilt the loaders in on_fit_start (BatchSizeFinder): measure them again.
         self.num_batches = run.data.num_training_batches
         self.val_check_batch = self._val_check_batch()
-        if self._sanity_steps() and not run.restored:
+        if self._sanity_steps():  # a resumed fit too, as in Lightning
+            # As Lightning's, the sanity check leaves the random generators as it found them.
+            generators = rng.capture(trainer.strategy)
             run_evaluation(trainer, run, RunningStage.SANITY_CHECKING)
+            rng.restore(trainer.strategy, generators)
         restore_generators(trainer, run)
+        self._last_validation = time.monotonic()
         hooks.call("on_train_start")
         with preemption.watching(trainer, run.progress) as self._preemption:
             while not self.done():
@@ -130,7 +159,7 @@ class FitLoop:
         return self.settings.num_sanity_val_steps
 
     def run_epoch(self) -> None:
-        trainer, run = self.trainer, self.run_state
+        run = self.run_state
         progress = run.progress
         hooks = run.hooks
         results = run.train_results
@@ -167,7 +196,11 @@ class FitLoop:
                     f"progress. Check the dataset (an iterable dataset may be exhausted, or shard to nothing "
                     f"on this process)."
                 )
-            if math.isinf(self.num_batches) and self.val_check_batch == math.inf:
+            if (
+                math.isinf(self.num_batches)
+                and self.val_check_batch == math.inf
+                and self._val_seconds is None
+            ):
                 every_n = self.settings.check_val_every_n_epoch or 1
                 progress.validation_pending = (progress.epoch + 1) % every_n == 0
             results.reduce_epoch()
@@ -180,18 +213,35 @@ class FitLoop:
                 progress.global_step, progress.total_batches, run.optimization.manual
             )
             run.metrics.log(results.epoch_metrics(logger_only=True), step=max(stepped - 1, 0))
-        # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done.
-        if run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
-            step_schedulers(
-                run.scheduler_configs,
-                "epoch",
-                progress.epoch + 1,
-                trainer.callback_metrics,
-                run.optimization.scheduler_step,
-            )
+        # A checkpoint taken in on_train_epoch_end resumes here: the epoch's work is done, but for the
+        # schedulers that step on a logged value (they step after on_train_epoch_end, as in Lightning).
+        if progress.epoch_completed:
+            self._step_epoch_schedulers(plateau=True)
         run.metrics.persist(results)
         results.end_epoch()
         progress.end_epoch()
+
+    def _step_epoch_schedulers(self, plateau: bool) -> None:
+        """The epoch-interval schedulers (those on a logged value, or the others), in automatic optimisation."""
+        run = self.run_state
+        if not run.module.automatic_optimization:  # manual optimisation steps its schedulers itself
+            return
+        configs = [
+            c for c in run.scheduler_configs if c.interval == "epoch" and c.reduce_on_plateau == plateau
+        ]
+        if configs:
+            step_schedulers(
+                configs,
+                "epoch",
+                run.progress.epoch + 1,
+                self.trainer.callback_metrics,
+                run.optimization.scheduler_step,
+            )
+
+    def _end_of_data(self) -> None:
+        """The epoch's data ran out: its schedulers step now, right after the last optimizer step (Lightning's place)."""
+        self.run_state.progress.epoch_completed = True
+        self._step_epoch_schedulers(plateau=False)
 
     def _epoch_iterator(self) -> Iterator[Any]:
         loader = self.run_state.data.train_loader
@@ -250,6 +300,7 @@ class FitLoop:
             # The data's last batch closes an accumulation window early (the step policy's rule).
             last = progress.is_last_batch = batch_idx + 1 == limit or self._last_flag
             if hooks.on_train_batch_start is not None and hooks.on_train_batch_start(batch, batch_idx) == -1:
+                self._end_of_data()  # the module ended the epoch here: it counts as the epoch's end
                 break
             steps_before = progress.global_step
             if logging:
@@ -264,6 +315,8 @@ class FitLoop:
                     f"{error}). The DataLoader's collate_fn returned None: make it return the batch (a function "
                     f"without `return` returns None), or return None from training_step for a None batch to skip it."
                 ) from error
+            if last:
+                self._end_of_data()
             batch_idx += 1
             progress.batches_done = batch_idx
             progress.total_batches += 1
@@ -299,6 +352,7 @@ class FitLoop:
         progress.validations_run += 1
         run.data.reload_if_due(RunningStage.VALIDATING, progress.epoch)
         run_evaluation(self.trainer, run, RunningStage.VALIDATING)
+        self._last_validation = time.monotonic()
         run.module._results = run.train_results
         run.state.stage = RunningStage.TRAINING
 

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.step_policy import GradientAccumulation, clip_gradients
+from drivetrain.trainer.hooks import takes_batch_idx, without_batch_idx
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
 from drivetrain.trainer.optimizers import step_schedulers
 
@@ -150,6 +151,8 @@ class Optimization:
             self._backward = _module_backward(hooks["backward"], strategy.precision)
         redirect = model is not module or strategy.requires_joint_setup
         training_step = module.training_step
+        if not takes_batch_idx(training_step):  # training_step(self, batch): decided here, not per step
+            training_step = without_batch_idx(training_step)
         call = redirected_call(model, module, training_step) if redirect else training_step
         self.training_step = with_precision(call, strategy.precision)
         profiler = run.features.profiler

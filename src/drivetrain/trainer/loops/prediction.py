@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from drivetrain.trainer.callbacks.prediction_writer import BasePredictionWriter
 from drivetrain.trainer.loops.evaluation import (
+    check_dataloader_idx,
     enter_eval_mode,
     grad_context,
     leave_eval_mode,
@@ -95,6 +96,7 @@ class PredictionLoop:
         step = step_function(trainer, run, "predict_step")
         batch_start, batch_end = hooks.on_predict_batch_start, hooks.on_predict_batch_end
         several = len(loaders) > 1
+        check_dataloader_idx(module, "predict", len(loaders))
         keep = self.return_predictions or _writes_per_epoch(trainer.callbacks)
         self._predictions = []
         self._batch_indices = []
@@ -141,10 +143,10 @@ class PredictionLoop:
                         self._loader_batches = batch_idx + 1
                         self.current_batch_indices = seen[batch_idx] if batch_idx < len(seen) else None
                         if batch_start is not None:
-                            batch_start(batch, batch_idx, dataloader_idx)
+                            batch_start(batch, batch_idx, *extra)
                         output = step(batch, batch_idx, *extra)
                         if batch_end is not None:
-                            batch_end(output, batch, batch_idx, dataloader_idx)
+                            batch_end(output, batch, batch_idx, *extra)
                         if keep:
                             collected.append(output)
                         if batch_idx + 1 == cut:

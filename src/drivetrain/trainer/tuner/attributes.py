@@ -1,8 +1,8 @@
 """The hyperparameter a search updates: an attribute, or an ``hparams`` entry, of the module and DataModule.
 
-As in Lightning, ``name`` is looked up on the module (attribute, else ``hparams`` entry) and on the
-Trainer's DataModule (the same); setting it sets every place that has it, so a ``train_dataloader()``
-or ``configure_optimizers()`` reading any of them sees the new value.
+As in Lightning, ``name`` is looked up on the module (attribute and ``hparams`` entry) and on the
+Trainer's DataModule (the same); reading takes the last place that has it, setting sets every
+place, so a ``train_dataloader()`` or ``configure_optimizers()`` reading any of them sees the new value.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 
 def _holders(module: Any, datamodule: Any, name: str) -> list[tuple[Any, bool]]:
-    """(object, through hparams) for each place holding ``name``."""
+    """(object, through hparams) for each place holding ``name``: the attribute and the ``hparams`` entry
+    both, when an owner has both (Lightning sets every one, so ``self.lr`` and ``self.hparams.lr`` agree)."""
     found = []
     for owner in (module, datamodule):
         if owner is None:
@@ -19,7 +20,7 @@ def _holders(module: Any, datamodule: Any, name: str) -> list[tuple[Any, bool]]:
         hparams = owner.__dict__.get("_hparams")
         if name in vars(owner) or hasattr(type(owner), name):
             found.append((owner, False))
-        elif isinstance(hparams, dict) and name in hparams:
+        if isinstance(hparams, dict) and name in hparams:
             found.append((hparams, True))
     return found
 

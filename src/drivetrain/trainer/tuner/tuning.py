@@ -151,7 +151,15 @@ class Tuner:
             update_attr=update_attr,
             attr_name=attr_name,
         )
-        self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        # As Lightning's, the search leaves the random generators as they were (the loaders it builds draw from
+        # them), so the same call gives the same result again.
+        from drivetrain.strategies import rng
+
+        generators = rng.capture(self._trainer.strategy)
+        try:
+            self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
+        finally:
+            rng.restore(self._trainer.strategy, generators)
         return finder.optimal_lr
 
     def _run(
