@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from drivetrain.trainer.callbacks import Callback, LearningRateFinder
@@ -66,12 +67,16 @@ class _Fingerprints(Callback):
         self.into.append(_fingerprint(trainer.run_state))
 
 
-def test_a_learning_rate_search_leaves_the_run_state_as_it_found_it() -> None:
+def test_a_learning_rate_search_leaves_the_run_state_as_it_found_it(tmp_path: Path) -> None:
     """The finder trains inside the fit (its own settings, callbacks, progress, loaders, logged values) and then
     hands the fit back exactly as it was: compared field by field, one level deep, before and after the search."""
     prints: list[dict[str, Any]] = []
     finder = LearningRateFinder(min_lr=1e-4, max_lr=1e-2, num_training_steps=16)
-    trainer = quiet_trainer(max_epochs=1, callbacks=[_Fingerprints(prints), finder, _Fingerprints(prints)])
+    trainer = quiet_trainer(
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        callbacks=[_Fingerprints(prints), finder, _Fingerprints(prints)],
+    )
     trainer.fit(Regression(), loader(regression_data(32), batch_size=2))
     assert finder.optimal_lr is not None and len(finder.optimal_lr.results["lr"]) == 16
     before, after = prints
