@@ -8,6 +8,7 @@ peers' environment (skipped where it cannot be built).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,10 @@ def _lightning_results(
     out = cache.mkdir(f"iris-cli-{key}") if cache is not None else tmp_path_factory.mktemp("iris-cli")
     results = out / "lightning.pt"
     if not results.exists():
-        completed = run_command(
-            [str(python), str(PROGRAM), "lightning", str(out / "new.pt"), *ARGS], timeout=300
-        )
+        fresh = out / f"new-{os.getpid()}.pt"  # xdist workers may fill the same entry at once
+        completed = run_command([str(python), str(PROGRAM), "lightning", str(fresh), *ARGS], timeout=300)
         assert completed.returncode == 0, completed.stderr[-3000:]
-        (out / "new.pt").replace(results)
+        fresh.replace(results)
     loaded: dict[str, Any] = torch.load(results, weights_only=True)
     return loaded
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,10 @@ def lightning_results_file(
     out = cache.mkdir(f"{label}-{key}") if cache is not None else tmp_path_factory.mktemp(label)
     results = out / "lightning.pt"
     if not results.exists():
-        completed = run_command([str(python), str(script), "lightning", str(out / "new.pt")], timeout=300)
+        # pytest-xdist workers may fill the same cache entry at once: each writes its own file, and the
+        # rename publishes whichever finishes last (both hold the same results).
+        fresh = out / f"new-{os.getpid()}.pt"
+        completed = run_command([str(python), str(script), "lightning", str(fresh)], timeout=300)
         assert completed.returncode == 0, completed.stderr[-3000:]
-        (out / "new.pt").replace(results)
+        fresh.replace(results)
     return results

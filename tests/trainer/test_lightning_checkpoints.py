@@ -35,10 +35,11 @@ def lightning_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         else tmp_path_factory.mktemp("lightning")
     )
     if not (out / "epoch_end.ckpt").exists():
-        result = run_command([str(python), str(SCRIPT), str(out / "new")], timeout=300)
+        fresh = out / f"new-{os.getpid()}"  # xdist workers may fill the same entry at once
+        result = run_command([str(python), str(SCRIPT), str(fresh)], timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
-        for name in ("epoch_end.ckpt", "mid_epoch.ckpt", "schedules.json"):
-            (out / "new" / name).replace(out / name)
+        for name in ("schedules.json", "mid_epoch.ckpt", "epoch_end.ckpt"):  # the one looked for last
+            (fresh / name).replace(out / name)
     return out
 
 

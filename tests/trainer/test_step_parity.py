@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -180,8 +181,9 @@ def lightning_hook_order(
     if not recorded.exists():
         completed = run_command([str(python), str(SCRIPT), "lightning", *arguments], timeout=240)
         assert completed.returncode == 0, completed.stderr[-3000:]
-        (folder / "new.json").write_text(completed.stdout.strip().splitlines()[-1])
-        (folder / "new.json").replace(recorded)
+        fresh = folder / f"new-{os.getpid()}.json"  # xdist workers may fill the same entry at once
+        fresh.write_text(completed.stdout.strip().splitlines()[-1])
+        fresh.replace(recorded)
     return json.loads(recorded.read_text())
 
 
