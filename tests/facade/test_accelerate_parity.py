@@ -415,3 +415,4 @@ def test_state_deepspeed_plugin_shows_the_deepspeed_strategys_settings() -> None
     plugin = accelerator.state.deepspeed_plugin
     assert plugin is not None and plugin.zero_stage == 2
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    accelerator.strategy.teardown()  # the one-process group goes with it

@@ -129,3 +129,17 @@ def test_script_command_reruns_scripts_and_modules(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sys, "argv", ["-c"])
     with pytest.raises(RuntimeError, match=r"not started from a script file.*ddp_notebook"):
         script_command()
+
+
+def test_a_one_process_job_runs_from_python_c_where_there_is_no_script_to_rerun() -> None:
+    # One process re-runs nothing: strategy='ddp' on one device works in a notebook or `python -c`
+    # (and in a pytest-xdist worker, whose command line is `-c`).
+    program = (
+        "import drivetrain as dt\n"
+        "accelerator = dt.Accelerator(strategy='ddp', cpu=True, devices=1)\n"
+        "print('processes', accelerator.num_processes)\n"
+        "accelerator.end_training()\n"
+    )
+    result = run_script(["-c", program], timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "processes 1" in result.stdout

@@ -171,7 +171,8 @@ class SubprocessScriptLauncher(Launcher):
             )
         threads = threads_per_process(num_processes)
         torch.set_num_threads(threads)
-        command = script_command()
+        # A one-process job re-runs nothing, so it may come from anywhere (a notebook, `python -c`).
+        command = script_command() if num_processes > 1 else []
         for local_rank in range(1, num_processes):
             child_env = {
                 **os.environ,
