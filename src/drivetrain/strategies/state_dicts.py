@@ -52,13 +52,7 @@ def checkpoint_into_state(
             continue
         saved = checkpoint[name]
         if isinstance(target, nn.Module):
-            try:
-                strategy.load_module_state_dict(target, saved, strict=strict)
-            except RuntimeError as error:
-                explained = explain_size_mismatch(error, type(strategy.unwrap_module(target)).__name__)
-                if explained is None:
-                    raise
-                raise explained from None
+            load_module_weights(strategy, target, saved, strict=strict)
         elif isinstance(target, Optimizer):
             strategy.load_optimizer_state(target, saved)
         elif callable(getattr(target, "load_state_dict", None)):
@@ -66,6 +60,17 @@ def checkpoint_into_state(
         else:
             state[name] = saved  # plain values come back through the dict
     return {name: value for name, value in checkpoint.items() if name not in state}
+
+
+def load_module_weights(strategy: Strategy, module: nn.Module, weights: dict[str, Any], strict: bool) -> None:
+    """``strategy.load_module_state_dict``, with weights of other shapes named (:func:`explain_size_mismatch`)."""
+    try:
+        strategy.load_module_state_dict(module, weights, strict=strict)
+    except RuntimeError as error:
+        explained = explain_size_mismatch(error, type(strategy.unwrap_module(module)).__name__)
+        if explained is None:
+            raise
+        raise explained from None
 
 
 _SIZE_MISMATCH = re.compile(

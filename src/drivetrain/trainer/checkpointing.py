@@ -29,6 +29,7 @@ from drivetrain.strategies.checkpointing import (
     scheduler_key,
     write_checkpoint,
 )
+from drivetrain.strategies.state_dicts import load_module_weights
 from drivetrain.trainer import checkpoint_schema
 from drivetrain.trainer.hooks import hook_runner
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
@@ -201,7 +202,7 @@ def restore_module_and_callbacks(trainer: Trainer, run: RunState, model: Any) ->
         translate(view)  # only its report (what was loaded, what not): evaluation needs the weights alone
     if fitting and not run.module.strict_loading:
         raise ValueError(_NOT_STRICT.format(module=type(run.module).__name__, path=run.ckpt_path))
-    trainer.strategy.load_module_state_dict(model, weights, strict=fitting or run.module.strict_loading)
+    load_module_weights(trainer.strategy, model, weights, strict=fitting or run.module.strict_loading)
     run.hooks.call_callbacks("on_load_checkpoint", view)
     run.loaded_checkpoint = view if from_lightning else checkpoint_schema.core_names(view)
 
