@@ -162,9 +162,14 @@ def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float =
             f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, REDUCTIONS))}."
         )
 
+    checks_every_collective = getattr(strategy, "debug_collectives", False)
+
     def one(tensor: Tensor) -> Tensor:
         if reduction == "none" or strategy.world_size == 1:
             result = tensor.clone()
+        elif checks_every_collective:
+            # Debug mode compares every collective's shapes and call sites already, with more detail.
+            result = strategy.all_reduce(tensor, reduce_op=reduction)
         else:
             # Shapes are compared inside the reduction itself (see checked_reduce): different
             # shapes on different processes are an error naming them all, not a hang or garbage.
