@@ -39,6 +39,14 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+class RetiredNameError(UnknownNameError):
+    """A name no registry entry has, that once meant something: the message tells its history and what to use now.
+
+    Names Lightning retired (``"dp"``, ``"horovod"``, ``"ipu"`` …) and third-party strategies no installed
+    package registers (``"colossalai"`` …) get this instead of a "did you mean" guess.
+    """
+
+
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """``" Did you mean 'ddp'?"`` for the choice closest to ``name``, or ``""`` when none is close."""
     if not isinstance(name, str):
@@ -82,13 +90,22 @@ class Registry(Generic[T]):
             use to register themselves; read lazily, once, on first lookup.
         builtin_modules: modules whose classes register built-in entries when imported; imported
             on first lookup, so that importing the package does not import every implementation.
+        retired: names that are not registered but once meant something (retired by Lightning,
+            or provided by a third-party package), each with the sentence that explains it and
+            names the replacement; asking for one raises :class:`RetiredNameError` with it. A
+            registered entry of that name (a package that provides it) wins.
     """
 
     def __init__(
-        self, kind: str, entry_point_group: str | None = None, builtin_modules: tuple[str, ...] = ()
+        self,
+        kind: str,
+        entry_point_group: str | None = None,
+        builtin_modules: tuple[str, ...] = (),
+        retired: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self._retired = dict(retired or {})
         self._entries: dict[str, RegistryEntry] = {}
         self._builtin_modules = builtin_modules
         self._builtins_loaded = not builtin_modules
@@ -225,7 +242,14 @@ class Registry(Generic[T]):
         return f"{type(self).__name__}({self.kind!r}, {self.available()})"
 
     # -- internals --------------------------------------------------------------------------
+    def retired(self, name: str) -> str | None:
+        """Why ``name`` is not registered and what to use instead, for a retired or third-party name; else ``None``."""
+        return self._retired.get(name.strip().lower()) if isinstance(name, str) else None
+
     def _unknown(self, name: object) -> UnknownNameError:
+        history = self.retired(name) if isinstance(name, str) else None
+        if history is not None:
+            return RetiredNameError(history)
         available = self.available()
         return UnknownNameError(
             f"Unknown {self.kind} {name!r}.{did_you_mean(name, available)} Available: "

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.retired import refuse_retired_arguments
 from drivetrain.facade import settings, tracking
 from drivetrain.facade.checkpointing import Checkpointing
 from drivetrain.facade.model_saving import ModelSaving
 from drivetrain.facade.preparation import Preparation
 from drivetrain.facade.process_state import AcceleratorState, PartialState
+from drivetrain.facade.retired_arguments import RETIRED_ACCELERATOR_ARGUMENTS
 from drivetrain.facade.tracking import Tracking
 from drivetrain.facade.wrappers import PreparedOptimizer, PreparedScheduler
 from drivetrain.strategies.step_policy import (
@@ -126,6 +128,7 @@ class Accelerator(Preparation, Checkpointing, ModelSaving, Tracking):
         ValueError: a setting that cannot work, with how to fix it.
     """
 
+    @refuse_retired_arguments(RETIRED_ACCELERATOR_ARGUMENTS)
     def __init__(
         self,
         *,

@@ -79,6 +79,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     subpackage = _SUBPACKAGE.get(name)
     if subpackage is None:
+        from drivetrain.plugins.retired_names import RETIRED_PLUGIN_CLASSES
+
+        if name in RETIRED_PLUGIN_CLASSES:
+            # An ImportError (not AttributeError) keeps the message in `from drivetrain.plugins import X`.
+            raise ImportError(RETIRED_PLUGIN_CLASSES[name], name=name)
         raise AttributeError(f"module 'drivetrain.plugins' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"drivetrain.plugins.{subpackage}"), name)
     globals()[name] = value

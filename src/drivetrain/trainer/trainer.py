@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
+from drivetrain._utilities.retired import refuse_retired_arguments
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.properties import TrainerProperties
+from drivetrain.trainer.retired_arguments import RETIRED_TRAINER_ARGUMENTS
 from drivetrain.trainer.run_state import RunState
 from drivetrain.trainer.state import (
     FitProgress,
@@ -104,6 +106,7 @@ class Trainer(TrainerProperties):
         >>> trainer.fit(model, datamodule=data)  # doctest: +SKIP
     """
 
+    @refuse_retired_arguments(RETIRED_TRAINER_ARGUMENTS)
     def __init__(
         self,
         *,

@@ -1,0 +1,1 @@
+"""drivetrain.testing (work in progress)."""
