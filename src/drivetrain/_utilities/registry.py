@@ -18,6 +18,7 @@ import difflib
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -226,6 +227,17 @@ class Registry(Generic[T]):
     def describe(self) -> list[RegistryEntry]:
         """All entries, sorted by name."""
         return [self._entries[name] for name in self.available()]
+
+    @contextmanager
+    def restored(self) -> Iterator[None]:
+        """Undo, when the block ends, every registration and removal made inside it (for checks and tests)."""
+        self._load_entry_points()
+        saved = dict(self._entries)
+        try:
+            yield
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
 
     def __contains__(self, name: object) -> bool:
         if name not in self._entries:

@@ -136,7 +136,7 @@ class Report:
             f"drivetrain plugin check: {self.plugin} ({self.kind}): {counts[Status.PASSED]} passed, "
             f"{counts[Status.FAILED]} failed, {counts[Status.NOT_APPLICABLE]} not applicable"
         )
-        name_width = min(max([len(row.name) for row in self.rows] + [5]), 58)
+        name_width = min(max([len(row.name) for row in self.rows] + [5]), 74)
         lines = [title, "=" * min(len(title), width)]
         lines.append(f"{'check'.ljust(name_width)}  result")
         lines.append(f"{'-' * name_width}  {'-' * 14}")
