@@ -30,6 +30,12 @@ def add_check_plugin_command(commands: Any) -> None:
     )
     parser.add_argument("target", help="module:Class (or module:attribute, a module, or a registered name)")
     parser.add_argument(
+        "--kind",
+        choices=("accelerator", "strategy", "precision"),
+        default=None,
+        help="for a registered name several registries hold (xla: the accelerator unless --kind strategy)",
+    )
+    parser.add_argument(
         "--fake", action="store_true", help="run an accelerator whose hardware is absent on CPU tensors"
     )
     parser.add_argument(
@@ -89,6 +95,7 @@ def run_check_plugin(args: argparse.Namespace) -> int:
     try:
         reports = check_plugin(
             args.target,
+            kind=args.kind,
             fake=args.fake,
             stand_in=None if args.stand_in == "none" else args.stand_in,
             devices=args.devices,

@@ -15,6 +15,7 @@ from typing import Any
 
 from drivetrain.accelerators import Accelerator, AcceleratorRegistry, devices_for
 from drivetrain.plugins import CheckpointIO, ClusterEnvironment, Precision, PrecisionRegistry
+from drivetrain.plugins.precision import precision_from_name
 from drivetrain.strategies import ParallelStrategy, Strategy, StrategyRegistry
 from drivetrain.testing.contracts import rows
 from drivetrain.testing.contracts.accelerator import accelerator_checks, registered_names
@@ -312,7 +313,6 @@ def check_precision(
     See :func:`check_accelerator` for the other arguments.
     """
     cls, name, reference = _resolve(precision, PrecisionRegistry)
-    entry = PrecisionRegistry.entry(name) if name else None
     if name is None and isinstance(cls, type):
         found = [e.name for e in PrecisionRegistry.describe() if e.cls is cls and not e.init_kwargs]
         name = found[0] if found else None
@@ -320,7 +320,10 @@ def check_precision(
     report = Report(label, "precision")
 
     def make() -> Any:
-        return cls(**(entry.init_kwargs if entry is not None else {}))
+        if name is not None:  # as connect() builds it for the accelerator's devices
+            device_type = devices_for(AcceleratorRegistry.get(accelerator), 1)[0].type
+            return precision_from_name(name, device_type)
+        return cls()
 
     report.add(rows(precision_checks(cls, make)))
     if not whole_programs:

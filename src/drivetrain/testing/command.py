@@ -25,6 +25,7 @@ _KIND_NAMES = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster
 def check_plugin(
     target: str,
     *,
+    kind: str | None = None,
     fake: bool = False,
     stand_in: str | None = "auto",
     devices: int = 2,
@@ -40,6 +41,13 @@ def check_plugin(
 ) -> list[Report]:
     """Run the checks of every plugin ``target`` names; one report each.
 
+    Args:
+        target: what to check (see the module docstring).
+        kind: ``"accelerator"``, ``"strategy"`` or ``"precision"`` for a registered name that several
+            registries hold (``"xla"``); the first of them in that order otherwise.
+
+    The other arguments are those of :func:`~drivetrain.testing.check_accelerator` and its siblings.
+
     Raises:
         ValueError: ``target`` names nothing the kit can check (the message says what it found), or
             a cluster environment is named without ``env``.
@@ -47,12 +55,12 @@ def check_plugin(
     common: dict[str, Any] = {"whole_programs": whole_programs, "timeout": timeout, "root": root}
     programs: dict[str, Any] = {**common, "processes": processes}
     reports = []
-    for kind, plugin, imports in _targets(target):
-        if kind == "accelerator":
+    for found, plugin, imports in _targets(target, kind):
+        if found == "accelerator":
             reports.append(
                 checks.check_accelerator(plugin, devices, fake=fake, stand_in=stand_in, cli=cli, **programs)
             )
-        elif kind == "strategy":
+        elif found == "strategy":
             reports.append(
                 checks.check_strategy(
                     plugin,
@@ -65,9 +73,9 @@ def check_plugin(
                     **programs,
                 )
             )
-        elif kind == "precision":
+        elif found == "precision":
             reports.append(checks.check_precision(plugin, accelerator=accelerator, cli=cli, **programs))
-        elif kind == "checkpoint_io":
+        elif found == "checkpoint_io":
             reports.append(checks.check_checkpoint_io(plugin, path_or_url, **programs))
         else:
             if not env:
@@ -91,20 +99,21 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def _targets(target: str) -> list[tuple[str, Any, list[str]]]:
+def _targets(target: str, kind: str | None) -> list[tuple[str, Any, list[str]]]:
+    """(kind, what to give its check, modules to import first) for each plugin ``target`` names."""
     module_name, _, attribute = target.partition(":")
     if not attribute:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
-            return _registered(target, [])
-        found: list[tuple[str, Any, list[str]]] = [
-            (kind, f"{module_name}:{name}", [])
-            for name, value in vars(module).items()
-            if isinstance(value, type)
-            and value.__module__ == module_name
-            and (kind := _kind(value)) is not None
-        ]
+            return _registered(target, [], kind)
+        found: list[tuple[str, Any, list[str]]] = []
+        for name, value in vars(module).items():
+            plugin_kind = (
+                _kind(value) if isinstance(value, type) and value.__module__ == module_name else None
+            )
+            if plugin_kind is not None:
+                found.append((plugin_kind, f"{module_name}:{name}", []))
         if not found:
             raise ValueError(
                 f"{module_name} defines no accelerator, strategy, precision, checkpoint IO or cluster environment class."
@@ -112,26 +121,29 @@ def _targets(target: str) -> list[tuple[str, Any, list[str]]]:
         return found
     module = importlib.import_module(module_name)
     if hasattr(module, attribute.split(".")[0]):
-        kind = _kind(_attribute(module, attribute))
-        if kind is None:
+        plugin_kind = _kind(_attribute(module, attribute))
+        if plugin_kind is None:
             raise ValueError(
                 f"{target} is {_attribute(module, attribute)!r}, not a drivetrain plugin the kit can check."
             )
-        return [(kind, target, [])]
-    return _registered(attribute, [module_name])
+        return [(plugin_kind, target, [])]
+    return _registered(attribute, [module_name], kind)
 
 
-def _registered(name: str, imports: list[str]) -> list[tuple[str, Any, list[str]]]:
-    for registry, kind in (
-        (StrategyRegistry, "strategy"),
+def _registered(name: str, imports: list[str], kind: str | None) -> list[tuple[str, Any, list[str]]]:
+    """A registered name (after importing ``imports``); one several registries hold is an accelerator first."""
+    for module in imports:
+        importlib.import_module(module)
+    for registry, found in (
         (AcceleratorRegistry, "accelerator"),
+        (StrategyRegistry, "strategy"),
         (PrecisionRegistry, "precision"),
     ):
-        if name in registry:
-            return [(kind, name, imports)]
+        if (kind is None or kind == found) and name in registry:
+            return [(found, name, imports)]
     raise ValueError(
-        f"{name!r} is neither 'module:attribute', an importable module, nor a registered accelerator, strategy or "
-        f"precision name."
+        f"{name!r} is neither 'module:attribute', an importable module, nor a registered "
+        f"{kind or 'accelerator, strategy or precision'} name."
     )
 
 

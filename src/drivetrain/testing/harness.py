@@ -239,7 +239,11 @@ def run_cli_program(
 
 
 def row_for_missing_worlds(report: Report, wanted: Sequence[int], allowed: Sequence[int], why: str) -> None:
-    """A not-applicable row for each process count in ``wanted`` that the plugin cannot run."""
+    """A not-applicable row for each process count in ``wanted`` that the plugin cannot run, and a note of the rest."""
     for world in wanted:
         if world not in allowed:
             report.add(not_applicable(f"{world} process{'es' if world > 1 else ''}: whole programs", why))
+    if list(wanted) != [1, 2]:
+        report.notes.append(
+            f"processes={list(wanted)}: the whole programs ran on {list(allowed) or 'no'} process count(s) only."
+        )

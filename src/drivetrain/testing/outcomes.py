@@ -188,13 +188,13 @@ class Outcomes:
 
     def collectives(self) -> CheckResult:
         check = f"{self.label}: the strategy's collectives (all_reduce, all_gather, broadcast, barrier …)"
-        results = self.results("accelerator-first")
+        results = self.results("collectives")
         if results is None:
             return self._program_failed(check, "first", "it wrote no results")
         problems = [
             f"{name}: {message} (rank {rank})"
             for rank, result in enumerate(results)
-            for name, message in result.get("collectives", {}).items()
+            for name, message in result.items()
             if message
         ]
         return self._row(

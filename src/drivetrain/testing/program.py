@@ -346,7 +346,8 @@ def accelerator_first(run: KitRun) -> None:
     if run.settings.collectives:
         from drivetrain.testing.collectives import check_collectives
 
-        outcome["collectives"] = check_collectives(accelerator.strategy, run.root)
+        # Saved at once: a strategy whose collectives misbehave may break what follows.
+        run.save("collectives", accelerator.process_index, check_collectives(accelerator.strategy, run.root))
     model, optimizer, progress = _train(run, accelerator, "accelerator-uninterrupted")
     outcome.update(_accelerator_outcome(run, accelerator, model, optimizer, progress))
     outcome["evaluated"] = _evaluate(accelerator, model)
@@ -374,7 +375,7 @@ def accelerator_resumed(run: KitRun) -> None:
 
 
 PHASES = {
-    "first": (trainer_first, accelerator_first, trainer_killed),
+    "first": (accelerator_first, trainer_first, trainer_killed),
     "second": (trainer_resumed, accelerator_killed),
     "third": (accelerator_resumed,),
 }

@@ -55,7 +55,7 @@ class ProgramSettings:
     forced_count: int | None = None
     devices: int = 1
     launched: bool = False
-    kill_step: int = 3
+    kill_step: int = 6
     collectives: bool = False
     tolerance: float = 1e-5
 

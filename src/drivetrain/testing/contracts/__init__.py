@@ -9,6 +9,7 @@ rest would only repeat it).
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +44,16 @@ def rows(checks: Sequence[Check]) -> list[CheckResult]:
         if blocked is not None:
             found.append(not_applicable(check.name, f"skipped: {blocked} failed first"))
             continue
-        try:
-            outcome = check.run()
-        except Exception as error:
-            outcome = f"raised {type(error).__name__}: {error}"
+        with warnings.catch_warnings(record=True) as warned:
+            # A plugin's warnings are part of what it does, not failures (the caller may treat warnings as errors).
+            warnings.simplefilter("always")
+            try:
+                outcome = check.run()
+            except Exception as error:
+                outcome = f"raised {type(error).__name__}: {error}"
         if outcome is None:
-            found.append(passed(check.name))
+            said = sorted({str(w.message) for w in warned})
+            found.append(passed(check.name, f"warned: {' | '.join(said)}" if said else ""))
         elif isinstance(outcome, NotApplicable):
             found.append(not_applicable(check.name, outcome.why))
         else:

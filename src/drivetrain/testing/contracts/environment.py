@@ -47,7 +47,6 @@ def variables(values: Mapping[str, str]) -> Iterator[None]:
 def environment_checks(cls: Any, make: Callable[[], Any], ranks: list[dict[str, str]]) -> list[Check]:
     """The checks for cluster environment class ``cls`` in a job whose ranks have the variables ``ranks``."""
     world = len(ranks)
-    state: dict[str, Any] = {}
 
     def subclass() -> str | None:
         if not (isinstance(cls, type) and issubclass(cls, ClusterEnvironment)):
@@ -62,20 +61,21 @@ def environment_checks(cls: Any, make: Callable[[], Any], ranks: list[dict[str, 
         return None
 
     def places() -> str | None:
-        seen = []
+        seen: dict[tuple[int, int], int] = {}
         for rank, values in enumerate(ranks):
             with variables(values):
                 environment = make()
-                size, place = (
-                    environment.world_size(),
-                    (environment.global_rank(), environment.local_rank(), environment.node_rank()),
-                )
+                size, global_rank = environment.world_size(), environment.global_rank()
+                local, node = environment.local_rank(), environment.node_rank()
             if size != world:
                 return f"world_size() returned {size!r} in a job of {world} processes (rank {rank}, {_shown(values)})"
-            if place != (rank, rank, 0):
-                return f"rank {rank} of a one-node job learnt (global_rank, local_rank, node_rank) = {place}, expected ({rank}, {rank}, 0)"
-            seen.append(place[0])
-        state["external"] = make().creates_processes_externally
+            if global_rank != rank:
+                return f"the process started as rank {rank} learnt global_rank()={global_rank!r} ({_shown(values)})"
+            if (local, node) in seen:
+                return f"ranks {seen[(local, node)]} and {rank} both learnt local_rank()={local}, node_rank()={node}"
+            if not (0 <= local < world and 0 <= node < world):
+                return f"rank {rank} learnt local_rank()={local!r}, node_rank()={node!r}, impossible in a job of {world}"
+            seen[(local, node)] = rank
         return None
 
     def rendezvous() -> str | None:
@@ -103,7 +103,10 @@ def environment_checks(cls: Any, make: Callable[[], Any], ranks: list[dict[str, 
     def settings() -> str | NotApplicable | None:
         with variables(ranks[0]):
             environment = make()
-            environment.validate_settings(world, 1)
+            per_node = environment.processes_per_node() or world
+            environment.validate_settings(
+                per_node, max(1, world // per_node)
+            )  # the job as it describes itself
             if environment.creates_processes_externally:
                 return NotApplicable(
                     "the processes are created outside drivetrain: set_world_size/set_global_rank are not called"

@@ -20,6 +20,9 @@ from torch import nn
 from drivetrain.plugins import Precision, PrecisionRegistry
 from drivetrain.testing.contracts import Check, NotApplicable, same, weights_only_round_trip
 
+#: Steps a loss scaler may skip (halving its scale each time) before the gradients must be finite.
+_SCALE_SEARCH_STEPS = 24
+
 
 def _step_module() -> tuple[nn.Module, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
@@ -72,15 +75,29 @@ def precision_checks(cls: Any, make: Callable[[], Any]) -> list[Check]:
         reference = copy.deepcopy(module)
         module = plugin.convert_module(module)
         optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-        with plugin.forward_context():
-            output = plugin.convert_output(module(plugin.convert_input(x)))
-        loss = output.float().pow(2).mean()
-        to_backward = plugin.pre_backward(loss, module)
-        plugin.backward(to_backward, module)
-        plugin.post_backward(to_backward, module)
-        scale = float(to_backward.detach().float()) / float(loss.detach()) if float(loss.detach()) else 1.0
-        plugin.unscale_gradients(optimizer)
         state["optimizer"], state["module"] = optimizer, module
+        # A loss scaler may start too high and overflow: it skips those steps and lowers the scale, as
+        # a training loop would see in its first steps.
+        for _ in range(_SCALE_SEARCH_STEPS):
+            optimizer.zero_grad()
+            with plugin.forward_context():
+                output = plugin.convert_output(module(plugin.convert_input(x)))
+            loss = output.float().pow(2).mean()
+            to_backward = plugin.pre_backward(loss, module)
+            plugin.backward(to_backward, module)
+            plugin.post_backward(to_backward, module)
+            scale = (
+                float(to_backward.detach().float()) / float(loss.detach()) if float(loss.detach()) else 1.0
+            )
+            plugin.unscale_gradients(optimizer)
+            finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in module.parameters())
+            if finite or not plugin.skips_nonfinite_steps:
+                break
+            with torch.no_grad():
+                saved = [p.detach().clone() for p in module.parameters()]
+                plugin.optimizer_step(optimizer)  # skipped, and the scale lowered
+                for parameter, value in zip(module.parameters(), saved, strict=True):
+                    parameter.copy_(value)
         reference(x).pow(2).mean().backward()
         for (name, got), want in zip(module.named_parameters(), reference.parameters(), strict=True):
             if got.grad is None or want.grad is None:

@@ -6,6 +6,7 @@ set up) is checked inside the kit's programs; see :mod:`drivetrain.testing.colle
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -48,8 +49,9 @@ def strategy_checks(cls: Any, make: Callable[..., Any], accelerator: str) -> lis
             "checkpoint_io": TorchCheckpointIO(),
             "precision_plugin": Precision(),
         }
-        if issubclass(cls, ParallelStrategy):
-            plugins["cluster_environment"] = LocalEnvironment()
+        takes = inspect.signature(cls.__init__).parameters
+        if issubclass(cls, ParallelStrategy) and "cluster_environment" in takes:
+            plugins["cluster_environment"] = LocalEnvironment()  # (XLA's ranks come from its runtime instead)
         try:
             built = make(**plugins)
         except TypeError as error:
