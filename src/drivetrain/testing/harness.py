@@ -162,6 +162,18 @@ def run_programs(
                 runs[phase] = run_scheduled(settings, path, phase, timeout, scheduled[:world])
             else:
                 runs[phase] = run_phase(settings, path, phase, timeout, launch_accelerator, job_variables)
+        if world > 1:
+            how = (
+                "started by the kit as the cluster's scheduler would"
+                if scheduled is not None
+                else (
+                    "started by the front doors' own launcher"
+                    if own_launcher
+                    else f"under drivetrain launch -n {world}"
+                    + (f" --accelerator {launch_accelerator}" if launch_accelerator else "")
+                )
+            )
+            report.notes.append(f"{world}-process programs: {how}.")
         outcomes = Outcomes(root, world, runs, kind, settings.tolerance)
         report.add(outcomes.trainer_stages())
         report.add(outcomes.trainer_resume())

@@ -56,12 +56,16 @@ class Outcomes:
             if run.timed_out
             else f"ended with {run.returncode}"
         )
-        return failed(
-            check,
-            f"{what}: the {phase} program {how}. Its last error: {run.last_error()}",
+        fix = (
             f"run it yourself to see the whole output: {run.command} (in {self.root}, with DRIVETRAIN_KIT_SETTINGS="
-            f"{self.root / 'settings.json'})",
+            f"{self.root / 'settings.json'})"
         )
+        if run.timed_out and self.kind == "strategy" and self.world > 1:
+            fix += (
+                ". A hang in evaluation (the processes get different numbers of batches) means every forward pass "
+                "talks to the other processes: declare forward_is_collective = True"
+            )
+        return failed(check, f"{what}: the {phase} program {how}. Its last error: {run.last_error()}", fix)
 
     def _close(self, got: Any, want: Any) -> bool:
         got, want = torch.as_tensor(got, dtype=torch.float32), torch.as_tensor(want, dtype=torch.float32)
