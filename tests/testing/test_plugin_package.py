@@ -104,5 +104,7 @@ def test_the_kit_checks_the_installed_package(installed: Path, tmp_path: Path) -
         "2 processes: strategy='averaging' in every process",
         "CLI: python train.py fit --trainer.accelerator=cpu --trainer.strategy=averaging --trainer.devices=2",
     ):
-        line = next((line for line in text.splitlines() if line.startswith(row[:60])), None)  # long names are cut
+        line = next(
+            (line for line in text.splitlines() if line.startswith(row[:60])), None
+        )  # long names are cut
         assert line is not None and line.rstrip().endswith("passed"), f"{row}:\n{text}"

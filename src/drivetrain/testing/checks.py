@@ -16,7 +16,7 @@ from typing import Any
 from drivetrain.accelerators import Accelerator, AcceleratorRegistry, devices_for
 from drivetrain.plugins import CheckpointIO, ClusterEnvironment, Precision, PrecisionRegistry
 from drivetrain.plugins.precision import precision_from_name
-from drivetrain.strategies import ParallelStrategy, Strategy, StrategyRegistry
+from drivetrain.strategies import ParallelStrategy, Strategy, StrategyRegistry, XLAStrategy
 from drivetrain.testing.contracts import rows
 from drivetrain.testing.contracts.accelerator import accelerator_checks, registered_names
 from drivetrain.testing.contracts.checkpoint_io import checkpoint_io_checks
@@ -261,9 +261,22 @@ def check_strategy(
         return report
     parallel = isinstance(cls, type) and issubclass(cls, ParallelStrategy)
     wanted, allowed = _worlds(processes, devices if parallel else 1)
-    row_for_missing_worlds(
-        report, wanted, allowed, f"{cls.__name__} runs one process" if not parallel else f"devices={devices}"
-    )
+    why = f"{cls.__name__} runs one process" if not parallel else f"devices={devices}"
+    if fake and isinstance(cls, type) and issubclass(cls, XLAStrategy):
+        allowed = []
+        why = (
+            "XLAStrategy takes its device and ranks from the XLA runtime (xm.xla_device, torch_xla's multiprocessing), "
+            "which the torch_xla stand-in does not run; run with fake=False on a TPU host"
+        )
+    elif parallel and 2 in allowed:
+        starter = _own_launcher(make, accelerator, hardware)
+        if starter is not None:
+            allowed = [w for w in allowed if w == 1]
+            why = (
+                f"{cls.__name__} starts its processes itself ({starter}) from inside the program, and refuses to run "
+                f"under drivetrain launch, which starts the kit's 2-process programs; its 1-process programs apply"
+            )
+    row_for_missing_worlds(report, wanted, allowed, why)
     base = hardware.settings(
         new_root(root, "strategy"), strategy=name or PLUGIN, target=None if name else reference
     )
@@ -290,6 +303,24 @@ def check_strategy(
             arguments = [f"--trainer.accelerator={accelerator}", f"--trainer.strategy={name}"]
             run_cli_program(report, base, arguments, max(allowed), timeout, (None, cls.__name__))
     return report
+
+
+def _own_launcher(make: Any, accelerator: str, hardware: Hardware) -> str | None:
+    """How a parallel strategy starts 2 processes when that is not by re-running the script (None: it is)."""
+    from drivetrain.connector import connect
+
+    with hardware.installed():
+        try:
+            strategy = connect(accelerator=accelerator, strategy=make(), devices=2)
+        except Exception:
+            return None  # the programs will say what is wrong
+        start_method = getattr(strategy, "start_method", "popen")
+        launcher = strategy.launcher
+    if start_method != "popen":
+        return f"start_method={start_method!r}"
+    if launcher is not None and type(launcher).__name__ != "SubprocessScriptLauncher":
+        return type(launcher).__name__
+    return None
 
 
 def check_precision(

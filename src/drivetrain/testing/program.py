@@ -116,8 +116,7 @@ class KitRun:
 
         seed_everything(0)
         if self.stand_in is not None:
-            for index, generator in enumerate(self.stand_in.generators):
-                generator.manual_seed(20240 + index)
+            self.stand_in.reseed()
 
     def device_generator(self) -> torch.Tensor | None:
         return self.stand_in.generator_state() if self.stand_in is not None else None

@@ -85,6 +85,11 @@ class StandIn:
         """One number from the current device's generator, as dropout on the device would draw."""
         return torch.rand(1, generator=self.generators[self.current])
 
+    def reseed(self) -> None:
+        """Put every device generator back to its first state (as ``torch.manual_seed`` does on a real device)."""
+        for index, generator in enumerate(self.generators):
+            generator.manual_seed(GENERATOR_SEED + index)
+
     # -- helpers ---------------------------------------------------------------------------------
     def _counted(self, name: str, result: Callable[..., Any] = lambda *a, **k: None) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -226,6 +231,9 @@ class XLAStandIn(StandIn):
     def draw(self) -> torch.Tensor:
         self.seed = (self.seed * 1103515245 + 12345) % 2**31
         return torch.tensor([self.seed / 2**31])
+
+    def reseed(self) -> None:
+        self.seed = 101
 
     def _install(self) -> None:
         self._patches.setattr(importlib.util, "find_spec", _REAL_FIND_SPEC)
