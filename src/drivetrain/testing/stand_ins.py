@@ -150,6 +150,11 @@ class CUDAStandIn(StandIn):
         patch(cuda, "set_rng_state", self._set_state)
         patch(cuda, "memory_stats", self._memory_stats)
         patch(cuda, "mem_get_info", lambda device=None: (2**33, 2**34))
+        properties = types.SimpleNamespace(name="stand-in GPU", total_memory=2**34, major=9, minor=0)
+        patch(cuda, "get_device_properties", lambda device=None: properties)
+        patch(cuda, "get_device_name", lambda device=None: properties.name)
+        patch(cuda, "get_device_capability", lambda device=None: (properties.major, properties.minor))
+        patch(cuda, "is_bf16_supported", lambda *args, **kwargs: True)
 
 
 class XPUStandIn(StandIn):
