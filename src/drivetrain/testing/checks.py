@@ -270,6 +270,13 @@ def check_strategy(
             "XLAStrategy takes its device and ranks from the XLA runtime (xm.xla_device, torch_xla's multiprocessing), "
             "which the torch_xla stand-in does not run; run with fake=False on a TPU host"
         )
+    elif parallel and getattr(cls, "kind", None) == "model_parallel" and 2 in allowed:
+        allowed = [w for w in allowed if w == 1]
+        why = (
+            f"{cls.__name__} declares kind='model_parallel': it shards what the module's configure_model applies "
+            f"(tensor-parallel plans, fully_shard on self.device_mesh), and the kit's generic model has no plan; "
+            f"drivetrain's own tests run it with one (tests/strategies/test_model_parallel.py)"
+        )
     elif parallel:
         starter = _own_launcher(make, accelerator, hardware)
         if starter is not None:

@@ -31,7 +31,12 @@ RESUME_FIX = {
 
 def _load(root: Path, name: str, rank: int) -> dict[str, Any] | None:
     path = root / "results" / f"{name}-rank{rank}.pt"
-    return torch.load(path, weights_only=True) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception:  # unreadable counts as missing: the row says the program wrote no results
+        return None
 
 
 class Outcomes:

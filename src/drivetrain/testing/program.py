@@ -149,14 +149,20 @@ def newest(folder: Path) -> Path:
     return max(found)[1]
 
 
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain CPU copy; a sharded tensor (DTensor) as this process's shard, compared rank by rank."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.detach().cpu().clone().as_subclass(torch.Tensor)
+
+
 def _state(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach().clone().cpu() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    return {k: _plain(v) for k, v in values.items() if isinstance(v, torch.Tensor)}
 
 
 def _optimizer_state(optimizer: Any) -> dict[str, Any]:
     state = optimizer.state_dict()["state"]
     return {
-        f"{index}.{key}": value.detach().clone().cpu()
+        f"{index}.{key}": _plain(value)
         for index, values in state.items()
         for key, value in values.items()
         if isinstance(value, torch.Tensor)
