@@ -160,13 +160,21 @@ def _state(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _optimizer_state(optimizer: Any) -> dict[str, Any]:
-    state = optimizer.state_dict()["state"]
-    return {
-        f"{index}.{key}": _plain(value)
-        for index, values in state.items()
-        for key, value in values.items()
-        if isinstance(value, torch.Tensor)
-    }
+    """Every tensor of the optimizer's state dict by its path (torch's layout, or an engine's own, as DeepSpeed's)."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            found[path] = _plain(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{path}.{index}" if path else str(index))
+
+    walk(optimizer.state_dict(), "")
+    return found
 
 
 # -- the Trainer door ----------------------------------------------------------------------------------
