@@ -129,8 +129,14 @@ class KitRun:
         torch.save(data, temporary)
         temporary.replace(folder / f"{name}-rank{rank}.pt")
 
-    def die(self, door: str, rank: int) -> None:
-        """End this process as a crash would, once the marker says it got this far."""
+    def die(self, door: str, rank: int, checkpoint_io: Any) -> None:
+        """End this process as a crash would, once the checkpoints asked for so far are complete.
+
+        An asynchronous checkpoint IO may still be writing the last one: a real crash would lose it (and
+        the run would resume from the one before); the kill waits for it (``teardown()`` finishes pending
+        work), so that what is compared is the resume, not the race.
+        """
+        checkpoint_io.teardown()
         if rank == 0:
             (self.root / "results" / f"killed-{door}").write_text("killed after a checkpoint\n")
             sys.stdout.flush()
@@ -186,7 +192,7 @@ class KillAt(Callback):
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.step:
-            self.run.die("trainer", trainer.global_rank)
+            self.run.die("trainer", trainer.global_rank, trainer.strategy.checkpoint_io)
 
 
 def _trainer(run: KitRun, folder: str, kill: bool = False) -> Any:
@@ -298,7 +304,7 @@ def _train(run: KitRun, accelerator: Any, folder: str, kill: bool = False, resum
             if progress.step % every == 0:
                 accelerator.save_state(directory / f"step={progress.step}")
             if kill and progress.step == run.settings.kill_step:
-                run.die("accelerator", accelerator.process_index)
+                run.die("accelerator", accelerator.process_index, accelerator.strategy.checkpoint_io)
         progress.epoch += 1
     return model, optimizer, progress
 

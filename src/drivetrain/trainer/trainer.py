@@ -383,9 +383,10 @@ class Trainer(TrainerProperties):
         if model is None and ckpt_path is None and fn != TrainerFn.FITTING:
             warn_current_weights(self, fn)
         if ckpt_path is not None:
-            # A save_checkpoint() since the last entry point may still be writing (AsyncCheckpointIO): finish
-            # the checkpoint IO's pending work before looking for the file.
+            # A save_checkpoint() since the last entry point may still be writing (AsyncCheckpointIO): every
+            # process finishes its checkpoint IO's pending work before any looks for the file (rank 0 writes it).
             self._strategy.checkpoint_io.teardown()
+            self._strategy.barrier("ckpt_path")
         run.ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
         run.ckpt_weights_only = weights_only is not False
         run.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
