@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from drivetrain.testing.kit_model import EPOCHS, PREDICT, TEST, VAL, expected, steps_per_epoch
-from drivetrain.testing.report import CheckResult, failed, passed
+from drivetrain.testing.report import CheckResult, failed, not_applicable, passed
 from drivetrain.testing.runner import ProgramRun
 
 #: What to change when a resumed run differs from the uninterrupted one, by the kind of plugin checked.
@@ -118,6 +118,12 @@ class Outcomes:
                 "evaluation and prediction must see every sample once, on the trained weights (check the strategy's data sharding, reductions and forward_is_collective)",
             )
         ]
+        refusal = results[0]["from_checkpoint"].get("not_implemented")
+        if refusal:
+            rows.append(
+                not_applicable(restored, f"the strategy does not support it (NotImplementedError): {refusal}")
+            )
+            return rows
         bad = [
             r
             for r, result in enumerate(results)
