@@ -51,6 +51,7 @@ def test_importing_the_trainer_loads_only_the_trainer_and_the_module() -> None:
             "drivetrain.trainer.properties",
             "drivetrain.trainer.run_state",  # the run state's class (its parts are imported when a Trainer is built)
             "drivetrain.trainer.state",
+            "drivetrain.trainer.retired_arguments",  # Lightning 1.x's arguments, refused with their history
         }
     ), "callbacks, loops, loggers and the core are imported when a Trainer is built or run"
     assert not [m for m in loaded if not m.startswith("drivetrain")], "no third-party or stdlib extras"

@@ -19,10 +19,10 @@ from torch import nn
 
 from drivetrain._utilities.log import get_logger
 from drivetrain._utilities.registry import RegistryEntry
+from drivetrain._utilities.retired import warn_renamed
 from drivetrain.accelerators import (
     Accelerator,
     AcceleratorRegistry,
-    XLAAccelerator,
     devices_for,
     resolve_accelerator,
 )
@@ -97,6 +97,12 @@ def connect(
     for plugin in _as_plugin_list(plugins):
         given.add_plugin(plugin)
     if precision is not None:
+        if precision in (16, "16") and not isinstance(precision, bool):
+            warn_renamed(
+                f"precision={precision!r}",
+                "precision='16-mixed'",
+                "Lightning 1.x's spelling of float16 mixed precision (autocast, float32 weights, loss scaling)",
+            )
         given.add("precision", precision, "precision=")
 
     entry: RegistryEntry | None = None
@@ -403,8 +409,9 @@ def _build_strategy(
     options: dict[str, Any],
 ) -> Strategy:
     if entry is None:  # strategy="auto"
-        if isinstance(hardware, XLAAccelerator):
-            entry = StrategyRegistry.entry("xla" if len(parallel_devices) > 1 else "single_xla")
+        own = hardware.auto_strategy(world_size)  # hardware with strategies of its own (XLA, HPU) names them
+        if own is not None:
+            entry = StrategyRegistry.entry(own)
         elif world_size == 1:
             return SingleDeviceStrategy(device=parallel_devices[0])  # one process: options have nothing to do
         else:
@@ -456,7 +463,19 @@ def _check_strategy_fits(
             f"{type(environment).__name__} already started them. Use a strategy without start_method="
             f"{start_method!r} (e.g. 'ddp')."
         )
-    strategy.check_accelerator(hardware)
+    try:
+        strategy.check_accelerator(hardware)
+    except ValueError as error:
+        if not isinstance(requested, str) or requested == "auto":
+            raise
+        # A preset's error speaks of its class ("strategy='xla' runs on ..."); say which preset was asked for.
+        entry = StrategyRegistry.entry(requested)
+        preset = ", ".join(f"{k}={v!r}" for k, v in entry.init_kwargs.items() if k not in _COMPONENTS)
+        described = f" ({entry.description.rstrip('.')})" if entry.description else ""
+        raise ValueError(
+            f"strategy={requested!r} is the registered preset {entry.cls.__name__}({preset}){described}, which cannot run on "
+            f"{type(hardware).__name__}: {error}"
+        ) from None
 
 
 def _check_interactive_session(

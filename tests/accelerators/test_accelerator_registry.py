@@ -111,7 +111,7 @@ def test_subclass_without_its_own_hook_does_not_take_the_parent_name() -> None:
 
 def test_unknown_name_lists_the_available_ones() -> None:
     with pytest.raises(
-        ValueError, match=r"Unknown accelerator 'nope'\. Available: cpu, cuda, mps, tpu, xla, xpu\."
+        ValueError, match=r"Unknown accelerator 'nope'\. Available: cpu, cuda, hpu, mps, tpu, xla, xpu\."
     ):
         AcceleratorRegistry.get("nope")
     with pytest.raises(ValueError, match=r"Unknown accelerator 'nope'\. Available: cpu, cuda"):

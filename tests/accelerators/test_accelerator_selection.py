@@ -129,7 +129,7 @@ def test_names_are_looked_up_in_the_registry(hardware: Any, custom: Any) -> None
 def test_unknown_name_lists_the_registered_ones(hardware: Any) -> None:
     with pytest.raises(
         ValueError,
-        match=r"Unknown accelerator 'npu'\. Did you mean 'xpu'\? Available: cpu, cuda, mps, tpu, xla, xpu\.",
+        match=r"Unknown accelerator 'npu'\. Did you mean 'xpu'\? Available: cpu, cuda, hpu, mps, tpu, xla, xpu\.",
     ):
         resolve_accelerator("npu")
 

@@ -1,4 +1,4 @@
-"""Importing drivetrain.accelerators is cheap: built-ins registered, no torch_xla, no CUDA context."""
+"""Importing drivetrain.accelerators is cheap: built-ins registered, no torch_xla or habana_frameworks, no CUDA context."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PROBE = textwrap.dedent(
     class Recorder:
         # Sees every lookup of torch_xla, including importlib.util.find_spec, and lets it go on.
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "torch_xla":
+            if name.split(".")[0] in ("torch_xla", "habana_frameworks"):
                 looked_up.append(name)
             return None
 
@@ -27,7 +27,7 @@ PROBE = textwrap.dedent(
     import drivetrain.accelerators as accelerators
 
     assert looked_up == [], looked_up
-    assert "torch_xla" not in sys.modules
+    assert "torch_xla" not in sys.modules and "habana_frameworks" not in sys.modules
     assert not torch.cuda.is_initialized()
     print(",".join(accelerators.AcceleratorRegistry.available_accelerators()))
     """
@@ -37,7 +37,7 @@ PROBE = textwrap.dedent(
 def test_import_registers_builtins_without_touching_optional_hardware() -> None:
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "cpu,cuda,mps,tpu,xla,xpu"
+    assert result.stdout.strip() == "cpu,cuda,hpu,mps,tpu,xla,xpu"
 
 
 def test_public_names() -> None:
@@ -46,6 +46,7 @@ def test_public_names() -> None:
         "AcceleratorRegistry",
         "CPUAccelerator",
         "CUDAAccelerator",
+        "HPUAccelerator",
         "MPSAccelerator",
         "XLAAccelerator",
         "XPUAccelerator",

@@ -161,7 +161,7 @@ def test_unknown_names_list_the_registry(capsys: pytest.CaptureFixture[str]) -> 
         CLI(Model, Data, args=["fit", "--trainer.accelerator=quantum"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "Unknown accelerator 'quantum'. Available: cpu, cuda, mps, tpu, xla, xpu." in err
+    assert "Unknown accelerator 'quantum'. Available: cpu, cuda, hpu, mps, tpu, xla, xpu." in err
     with pytest.raises(SystemExit):
         CLI(Model, Data, args=["fit", "--trainer.strategy=ddp_quantum"])
     err = capsys.readouterr().err

@@ -32,6 +32,7 @@ API_PAGES = {
     "plugins": "drivetrain.plugins",
     "utils": "drivetrain.utils",
     "cli": "drivetrain.cli",
+    "testing": "drivetrain.testing",
 }
 #: What each API page must show first: the package's main class before its helpers.
 FIRST_ON_PAGE = {
@@ -44,6 +45,7 @@ FIRST_ON_PAGE = {
     "plugins": "Precision",
     "utils": "DataLoaderConfiguration",
     "cli": "CLI",
+    "testing": "check_accelerator",
 }
 #: Sphinx roles and doctest markers, which Markdown would show as they are.
 RAW_MARKUP = re.compile(

@@ -512,3 +512,25 @@ def test_on_load_checkpoint_migrates_the_whole_checkpoint_before_anything_is_res
     quiet_trainer().test(tested, loader(), ckpt_path=tmp_path / "old.ckpt", verbose=False)
     assert tested.seen["weights_untouched"]
     torch.testing.assert_close(tested.body[0].weight, saved["body.0.weight"])
+
+
+class _SlowWrites(dt.plugins.TorchCheckpointIO):
+    """Writes as the built-in IO does, after a pause: a background save is still running when the call returns."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        import time
+
+        time.sleep(0.5)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+def test_an_entry_point_reads_a_checkpoint_an_asynchronous_save_is_still_writing(tmp_path: Path) -> None:
+    """save_checkpoint() with AsyncCheckpointIO returns before the file exists; validate(ckpt_path=) waits for it."""
+    model = Regression()
+    trainer = quiet_trainer(max_epochs=1, plugins=[AsyncCheckpointIO(_SlowWrites())])
+    trainer.fit(model, loader(regression_data(16)))
+    trainer.save_checkpoint(tmp_path / "after-fit.ckpt")
+    validated = trainer.validate(
+        model, loader(regression_data(8)), ckpt_path=tmp_path / "after-fit.ckpt", verbose=False
+    )
+    assert validated and (tmp_path / "after-fit.ckpt").exists()

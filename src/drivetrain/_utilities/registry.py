@@ -18,6 +18,7 @@ import difflib
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -37,6 +38,14 @@ class UnknownNameError(KeyError, ValueError):
     def __str__(self) -> str:
         # KeyError's str() is the repr of its argument; this error carries a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class RetiredNameError(UnknownNameError):
+    """A name no registry entry has, that once meant something: the message tells its history and what to use now.
+
+    Names Lightning retired (``"dp"``, ``"horovod"``, ``"ipu"`` …) and third-party strategies no installed
+    package registers (``"colossalai"`` …) get this instead of a "did you mean" guess.
+    """
 
 
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
@@ -82,13 +91,22 @@ class Registry(Generic[T]):
             use to register themselves; read lazily, once, on first lookup.
         builtin_modules: modules whose classes register built-in entries when imported; imported
             on first lookup, so that importing the package does not import every implementation.
+        retired: names that are not registered but once meant something (retired by Lightning,
+            or provided by a third-party package), each with the sentence that explains it and
+            names the replacement; asking for one raises :class:`RetiredNameError` with it. A
+            registered entry of that name (a package that provides it) wins.
     """
 
     def __init__(
-        self, kind: str, entry_point_group: str | None = None, builtin_modules: tuple[str, ...] = ()
+        self,
+        kind: str,
+        entry_point_group: str | None = None,
+        builtin_modules: tuple[str, ...] = (),
+        retired: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self._retired = dict(retired or {})
         self._entries: dict[str, RegistryEntry] = {}
         self._builtin_modules = builtin_modules
         self._builtins_loaded = not builtin_modules
@@ -210,6 +228,17 @@ class Registry(Generic[T]):
         """All entries, sorted by name."""
         return [self._entries[name] for name in self.available()]
 
+    @contextmanager
+    def restored(self) -> Iterator[None]:
+        """Undo, when the block ends, every registration and removal made inside it (for checks and tests)."""
+        self._load_entry_points()
+        saved = dict(self._entries)
+        try:
+            yield
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
+
     def __contains__(self, name: object) -> bool:
         if name not in self._entries:
             self._load_entry_points()
@@ -225,7 +254,14 @@ class Registry(Generic[T]):
         return f"{type(self).__name__}({self.kind!r}, {self.available()})"
 
     # -- internals --------------------------------------------------------------------------
+    def retired(self, name: str) -> str | None:
+        """Why ``name`` is not registered and what to use instead, for a retired or third-party name; else ``None``."""
+        return self._retired.get(name.strip().lower()) if isinstance(name, str) else None
+
     def _unknown(self, name: object) -> UnknownNameError:
+        history = self.retired(name) if isinstance(name, str) else None
+        if history is not None:
+            return RetiredNameError(history)
         available = self.available()
         return UnknownNameError(
             f"Unknown {self.kind} {name!r}.{did_you_mean(name, available)} Available: "

@@ -1,8 +1,8 @@
 """Hardware accelerators: the :class:`Accelerator` plugin interface, the built-ins and their registry.
 
-The built-in accelerators (``cpu``, ``cuda``, ``mps``, ``xla`` with its alias ``tpu``, ``xpu``)
+The built-in accelerators (``cpu``, ``cuda``, ``mps``, ``xla`` with its alias ``tpu``, ``xpu``, ``hpu``)
 are in :data:`AcceleratorRegistry` from its first lookup. Each name here is imported on first use,
-and none creates a CUDA context or imports ``torch_xla``.
+and none creates a CUDA context or imports ``torch_xla`` or ``habana_frameworks``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.accelerators.accelerator import Accelerator
     from drivetrain.accelerators.cpu import CPUAccelerator
     from drivetrain.accelerators.cuda import CUDAAccelerator
+    from drivetrain.accelerators.hpu import HPUAccelerator
     from drivetrain.accelerators.mps import MPSAccelerator
     from drivetrain.accelerators.registry import AcceleratorRegistry
     from drivetrain.accelerators.selection import available_here, devices_for, resolve_accelerator
@@ -29,6 +30,7 @@ __getattr__, __dir__ = lazy_exports(
         "AcceleratorRegistry": "drivetrain.accelerators.registry",
         "CPUAccelerator": "drivetrain.accelerators.cpu",
         "CUDAAccelerator": "drivetrain.accelerators.cuda",
+        "HPUAccelerator": "drivetrain.accelerators.hpu",
         "MPSAccelerator": "drivetrain.accelerators.mps",
         "XLAAccelerator": "drivetrain.accelerators.xla",
         "XPUAccelerator": "drivetrain.accelerators.xpu",
@@ -43,6 +45,7 @@ __all__ = [
     "AcceleratorRegistry",
     "CPUAccelerator",
     "CUDAAccelerator",
+    "HPUAccelerator",
     "MPSAccelerator",
     "XLAAccelerator",
     "XPUAccelerator",

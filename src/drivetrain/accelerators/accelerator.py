@@ -26,6 +26,10 @@ class Accelerator(ABC):
             cls.register_accelerators(AcceleratorRegistry)
         sync_renamed_hooks(cls, {"_unavailable_reason": "unavailable_reason"})
 
+    def __init__(self, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(_retired_arguments(type(self).__name__, kwargs))
+
     # -- the seeds' contract ----------------------------------------------------------------
     @staticmethod
     @abstractmethod
@@ -84,6 +88,15 @@ class Accelerator(ABC):
     def empty_cache(self) -> None:
         """Give memory that the device's caching allocator holds but does not use back; a no-op by default."""
 
+    def auto_strategy(self, num_processes: int) -> str | None:
+        """The registered strategy ``strategy="auto"`` picks on this hardware for ``num_processes`` processes.
+
+        ``None`` (the default): drivetrain's own choice (one device: ``SingleDeviceStrategy``;
+        several: ``"ddp"``). Hardware that needs strategies of its own names them here (XLA:
+        ``"single_xla"``/``"xla"``; HPU: ``"hpu_single"``/``"hpu_parallel"``).
+        """
+        return None
+
     def training_memory(self, device: torch.device) -> tuple[int, str] | None:
         """Bytes one process may fill with its training state on ``device``, and where that figure comes from.
 
@@ -120,3 +133,21 @@ class Accelerator(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _retired_arguments(name: str, kwargs: dict[str, Any]) -> str:
+    given = ", ".join(f"{key}=..." for key in kwargs)
+    if set(kwargs) <= {"precision_plugin", "training_type_plugin"}:
+        strategy = "CustomDDPStrategy(accelerator=accelerator"
+        if "precision_plugin" in kwargs:
+            strategy += ", precision_plugin=CustomPrecisionPlugin()"
+        return (
+            f"{name}({given}): in Lightning 1.5 the hardware accelerator held the precision and training-type "
+            f"plugins; since 1.6 the strategy owns the accelerator and the plugins (training-type plugins became "
+            f"strategies). Write: accelerator = {name}(); strategy = {strategy}) with your strategy class in place "
+            f"of CustomDDPStrategy, then Trainer(strategy=strategy)."
+        )
+    return (
+        f"{name}({given}): a hardware accelerator takes no arguments unless its class defines them. Define "
+        f"__init__ on {name} to take them."
+    )

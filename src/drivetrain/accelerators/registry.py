@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from drivetrain._utilities.registry import Registry
+from drivetrain.accelerators.retired_names import RETIRED_ACCELERATORS
 
 if TYPE_CHECKING:
     from drivetrain.accelerators.accelerator import Accelerator  # noqa: F401 - used in the string annotation below
@@ -28,6 +29,8 @@ AcceleratorRegistry = _AcceleratorRegistry(
         "drivetrain.accelerators.mps",
         "drivetrain.accelerators.xla",
         "drivetrain.accelerators.xpu",
+        "drivetrain.accelerators.hpu",
     ),
+    retired=RETIRED_ACCELERATORS,
 )
 """The module-level accelerator registry."""

@@ -16,7 +16,7 @@ from drivetrain.accelerators.accelerator import Accelerator
 from drivetrain.accelerators.registry import AcceleratorRegistry
 
 # "auto" prefers the fastest hardware that is usually present; "gpu" the GPU backends only.
-AUTO_PREFERENCE = ("cuda", "mps", "xla", "xpu")
+AUTO_PREFERENCE = ("cuda", "mps", "xla", "hpu", "xpu")
 GPU_PREFERENCE = ("cuda", "mps", "xpu")
 
 

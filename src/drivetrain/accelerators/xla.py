@@ -127,6 +127,10 @@ class XLAAccelerator(Accelerator):
 
         return {f"xla_{key}": value for key, value in xm.get_memory_info(device).items()}
 
+    def auto_strategy(self, num_processes: int) -> str:
+        """``"xla"`` for several devices, ``"single_xla"`` for one."""
+        return "xla" if num_processes > 1 else "single_xla"
+
     @classmethod
     def register_accelerators(cls, accelerator_registry: Any) -> None:
         """Register as ``"xla"`` and, for TPU users, ``"tpu"``."""

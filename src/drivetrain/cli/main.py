@@ -1,5 +1,5 @@
 """The ``drivetrain`` command: ``launch``, ``config``, ``env``, ``consolidate`` (``merge-weights``),
-``estimate-memory``, ``plot`` and ``--version``."""
+``estimate-memory``, ``plot``, ``check-plugin`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ _COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("consolidate", "merge-weights"), "drivetrain.cli.consolidate", "add_consolidate_command"),
     (("estimate-memory",), "drivetrain.cli.estimate_memory", "add_estimate_memory_command"),
     (("plot",), "drivetrain.cli.plot", "add_plot_command"),
+    (("check-plugin",), "drivetrain.cli.check_plugin", "add_check_plugin_command"),
 )
 
 

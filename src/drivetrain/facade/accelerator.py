@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.retired import refuse_retired_arguments
 from drivetrain.facade import settings, tracking
 from drivetrain.facade.checkpointing import StateCheckpoints
 from drivetrain.facade.model_saving import ModelSaver
 from drivetrain.facade.preparation import Preparation
 from drivetrain.facade.prepared import PreparedObjects
 from drivetrain.facade.process_state import AcceleratorState, PartialState
+from drivetrain.facade.retired_arguments import RETIRED_ACCELERATOR_ARGUMENTS
 from drivetrain.facade.tracking import Trackers
 from drivetrain.facade.wrappers import PreparedOptimizer
 from drivetrain.strategies.step_policy import (
@@ -133,6 +135,7 @@ class Accelerator(Preparation):
         ValueError: a setting that cannot work, with how to fix it.
     """
 
+    @refuse_retired_arguments(RETIRED_ACCELERATOR_ARGUMENTS)
     def __init__(
         self,
         *,

@@ -81,6 +81,12 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     subpackage = _SUBPACKAGE.get(name)
     if subpackage is None:
+        from drivetrain.plugins.retired_names import RETIRED_PLUGIN_CLASSES
+
+        if name in RETIRED_PLUGIN_CLASSES:
+            # An ImportError (not AttributeError) keeps the message in `from drivetrain.plugins import X`.
+            raise ImportError(RETIRED_PLUGIN_CLASSES[name], name=name)
+
         submodule = import_submodule(__name__, name)
         if submodule is not None:
             return submodule

@@ -1,7 +1,7 @@
 """Strategies: how model, optimizers and data are distributed, and the collectives between processes.
 
 Each name is imported on first use (the registry imports the built-in strategies on its first
-lookup), so importing one strategy module does not import DDP, FSDP, DeepSpeed or XLA.
+lookup), so importing one strategy module does not import DDP, FSDP, DeepSpeed, XLA or HPU.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see for the 
     from drivetrain.strategies.ddp import DDPStrategy
     from drivetrain.strategies.deepspeed import DeepSpeedStrategy
     from drivetrain.strategies.fsdp import FSDPStrategy
+    from drivetrain.strategies.hpu import HPUParallelStrategy, SingleHPUStrategy
     from drivetrain.strategies.layout import ParallelismConfig, ParallelLayout
     from drivetrain.strategies.model_parallel import ModelParallelStrategy
     from drivetrain.strategies.parallel import ParallelStrategy
@@ -31,12 +32,14 @@ __getattr__, __dir__ = lazy_exports(
         "DDPStrategy": "drivetrain.strategies.ddp",
         "DeepSpeedStrategy": "drivetrain.strategies.deepspeed",
         "FSDPStrategy": "drivetrain.strategies.fsdp",
+        "HPUParallelStrategy": "drivetrain.strategies.hpu",
         "ModelParallelStrategy": "drivetrain.strategies.model_parallel",
         "ParallelLayout": "drivetrain.strategies.layout",
         "ParallelismConfig": "drivetrain.strategies.layout",
         "ParallelStrategy": "drivetrain.strategies.parallel",
         "SingleDeviceStrategy": "drivetrain.strategies.single_device",
         "SingleDeviceXLAStrategy": "drivetrain.strategies.single_xla",
+        "SingleHPUStrategy": "drivetrain.strategies.hpu",
         "Strategy": "drivetrain.strategies.strategy",
         "StrategyRegistry": "drivetrain.strategies.registry",
         "XLAStrategy": "drivetrain.strategies.xla",
@@ -48,12 +51,14 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "HPUParallelStrategy",
     "ModelParallelStrategy",
     "ParallelLayout",
     "ParallelStrategy",
     "ParallelismConfig",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
+    "SingleHPUStrategy",
     "Strategy",
     "StrategyRegistry",
     "XLAStrategy",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from drivetrain._utilities.registry import Registry
+from drivetrain.strategies.retired_names import RETIRED_STRATEGY_NAMES
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy  # noqa: F401 - used in the string annotation below
@@ -30,7 +31,9 @@ StrategyRegistry = _StrategyRegistry(
         "drivetrain.strategies.deepspeed",
         "drivetrain.strategies.xla",
         "drivetrain.strategies.single_xla",
+        "drivetrain.strategies.hpu",
     ),
+    retired=RETIRED_STRATEGY_NAMES,
 )
 """The module-level strategy registry.
 

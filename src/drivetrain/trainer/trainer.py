@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
+from drivetrain._utilities.retired import refuse_retired_arguments
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.properties import TrainerProperties
+from drivetrain.trainer.retired_arguments import RETIRED_TRAINER_ARGUMENTS
 from drivetrain.trainer.run_state import RunState
 from drivetrain.trainer.state import (
     FitProgress,
@@ -109,6 +111,7 @@ class Trainer(TrainerProperties):
         >>> trainer.fit(model, datamodule=data)  # doctest: +SKIP
     """
 
+    @refuse_retired_arguments(RETIRED_TRAINER_ARGUMENTS)
     def __init__(
         self,
         *,
@@ -403,6 +406,11 @@ class Trainer(TrainerProperties):
             run.ckpt_path_set = None  # an explicit argument replaces what was set
         if model is None and ckpt_path is None and fn != TrainerFn.FITTING:
             warn_current_weights(self, fn)
+        if ckpt_path is not None:
+            # A save_checkpoint() since the last entry point may still be writing (AsyncCheckpointIO): every
+            # process finishes its checkpoint IO's pending work before any looks for the file (rank 0 writes it).
+            self._strategy.checkpoint_io.teardown()
+            self._strategy.barrier("ckpt_path")
         run.ckpt_request = check_ckpt_request(fn, ckpt_path, weights_only)
         run.ckpt_weights_only = weights_only is not False
         run.state = TrainerState(fn=fn, status=TrainerStatus.RUNNING)
