@@ -42,7 +42,7 @@ from drivetrain.strategies.launchers.overrides import (
     launched_accelerator,
     launched_precision,
 )
-from drivetrain.strategies.memory_estimate import AutoStrategyChoice
+from drivetrain.strategies.memory_estimate import AutoStrategyChoice, choose_data_parallel
 
 _COMPONENTS = ("accelerator", "precision", "checkpoint_io", "cluster_environment")
 
@@ -564,7 +564,6 @@ def auto_strategy_choice(strategy: Strategy, module: nn.Module) -> AutoStrategyC
     process, a strategy other than the DDP that ``"auto"`` builds, or processes forked from a
     notebook (``ddp_notebook``), where reading a GPU's size would start CUDA before the fork.
     """
-    from drivetrain.strategies.memory_estimate import choose_data_parallel
 
     if type(strategy) is not DDPStrategy or strategy.world_size < 2 or strategy.start_method != "popen":
         return None

@@ -5,6 +5,8 @@ Write your own tracker by subclassing :class:`GeneralTracker` and pass an instan
 (:mod:`drivetrain.loggers.trackers`).
 """
 
+from drivetrain.loggers.logger import Logger
+from drivetrain.loggers.registry import LoggerRegistry
 from drivetrain.loggers.trackers import (
     LOGGER_TYPE_TO_CLASS,
     GeneralTracker,
@@ -19,8 +21,6 @@ from drivetrain.loggers.trackers import (
 
 def get_available_trackers() -> list[str]:
     """The names of the trackers whose packages are installed here (Accelerate's function)."""
-    from drivetrain.loggers.logger import Logger
-    from drivetrain.loggers.registry import LoggerRegistry
 
     available = []
     for name in LOGGER_TYPE_TO_CLASS:

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import drivetrain
+from drivetrain.strategies.memory_estimate import format_bytes
 
 
 def add_env_command(commands: Any) -> None:
@@ -73,7 +74,6 @@ def explain_auto_strategy(model: str | None, init_args: str, devices: int, preci
     from drivetrain.accelerators.cpu import MEMORY_LIMIT_VARIABLE
     from drivetrain.cli.estimate_memory import build_model
     from drivetrain.connector import auto_strategy_choice, connect
-    from drivetrain.strategies.memory_estimate import format_bytes
 
     lines = [
         "one process: SingleDeviceStrategy; XLA devices: 'xla'; several processes: DDP, unless the training "

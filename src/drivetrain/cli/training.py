@@ -32,8 +32,10 @@ from types import MethodType
 from typing import Any
 
 from drivetrain._utilities.imports import require
+from drivetrain._utilities.seed import seed_everything
 from drivetrain.cli.launcher_arguments import drop_launcher_arguments
 from drivetrain.trainer.datamodule import DataModule
+from drivetrain.trainer.hooks import overrides
 from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.trainer import Trainer
 
@@ -279,7 +281,6 @@ class CLI:
         seed = self._get(self.config, "seed_everything")
         if seed is None or seed is False:
             return
-        from drivetrain._utilities.seed import seed_everything
 
         used = seed_everything(None if seed is True else seed, workers=True)
         section = self.config[self.subcommand] if self.subcommand else self.config
@@ -367,7 +368,6 @@ class CLI:
             scheduler_init = _class_config(
                 parser.lr_schedulers[schedulers[0]][0], self._get(self.config_init, schedulers[0])
             )
-        from drivetrain.trainer.hooks import overrides
 
         if overrides(self.model, TrainingModule, "configure_optimizers"):
             warnings.warn(

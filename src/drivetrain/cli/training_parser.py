@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from drivetrain._utilities import paths
 from drivetrain.trainer.callbacks.callback import Callback
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.module import TrainingModule
@@ -236,7 +237,6 @@ class SaveConfigCallback(Callback):
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
     def _write(self, trainer: TrainerType) -> None:
-        from drivetrain._utilities import paths
 
         log_dir = trainer.log_dir
         path = paths.join(log_dir, self.config_filename)

@@ -39,6 +39,7 @@ from drivetrain.facade.process_state import AcceleratorState, PartialState
 from drivetrain.facade.retired_arguments import RETIRED_ACCELERATOR_ARGUMENTS
 from drivetrain.facade.tracking import Trackers
 from drivetrain.facade.wrappers import PreparedOptimizer
+from drivetrain.strategies.launchers.overrides import accelerate_variables
 from drivetrain.strategies.step_policy import (
     check_accumulation_steps,
     check_clip_value,
@@ -170,7 +171,6 @@ class Accelerator(Preparation):
         tp_plan: dict[str, Any] | None = None,
         debug: bool | None = None,
     ) -> None:
-        from drivetrain.strategies.launchers.overrides import accelerate_variables
         from drivetrain.strategies.rng import validate_rng_types
         from drivetrain.utils.configuration import check_flag
 

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from drivetrain.strategies.launchers.store import host_store, store_address
 from drivetrain.utils.environment import patch_environment
 
 _MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -117,8 +118,6 @@ def notebook_launcher(
         "ACCELERATE_MIXED_PRECISION": mixed_precision,
     }
     import torch.multiprocessing as mp
-
-    from drivetrain.strategies.launchers.store import host_store, store_address
 
     store = None
     if node_rank == 0:

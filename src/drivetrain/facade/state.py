@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from drivetrain.data.loader import ActiveLoaders
 from drivetrain.strategies.step_policy import GradientAccumulation
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ class GradientState(GradientAccumulation):
         )
         #: Whether ``Accelerator.accumulate`` has been used (for the misuse warning).
         self.accumulate_called = False
-        from drivetrain.data.loader import ActiveLoaders
 
         self.loaders = ActiveLoaders()
 

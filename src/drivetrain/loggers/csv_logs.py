@@ -20,6 +20,7 @@ from drivetrain.loggers.logger import (
     plain_value,
     rank_zero_experiment,
 )
+from drivetrain.loggers.plot import plot_run
 from drivetrain.loggers.registry import LoggerRegistry
 
 METRICS_FILE = "metrics.csv"
@@ -131,7 +132,6 @@ class CSVLogger(FolderLogger):
         if not self._writes_here():
             return None
         self.save()
-        from drivetrain.loggers.plot import plot_run
 
         return plot_run(self.log_dir, output).path
 

@@ -25,7 +25,10 @@ from typing import Any, TypeVar
 from drivetrain._utilities.log import get_logger
 from drivetrain._utilities.rank_zero import global_rank
 from drivetrain.loggers.logger import DEFAULT_EXPERIMENT, Logger
+from drivetrain.loggers.mlflow import MLFlowLogger
 from drivetrain.loggers.registry import logger_kind
+from drivetrain.loggers.tensorboard import TensorBoardLogger
+from drivetrain.loggers.wandb import WandbLogger
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",
@@ -216,7 +219,6 @@ class TensorBoardTracker(LoggerTracker):
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str], **kwargs: Any) -> None:
-        from drivetrain.loggers.tensorboard import TensorBoardLogger
 
         super().__init__(
             TensorBoardLogger.for_experiment(save_dir=os.fspath(logging_dir), experiment=run_name, **kwargs)
@@ -263,7 +265,6 @@ class WandBTracker(LoggerTracker):
     requires_logging_directory = False
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
-        from drivetrain.loggers.wandb import WandbLogger
 
         super().__init__(WandbLogger.for_experiment(save_dir=None, experiment=run_name, **kwargs))
 
@@ -331,7 +332,6 @@ class MLflowTracker(LoggerTracker):
         run_name: str | None = None,
         description: str | None = None,
     ) -> None:
-        from drivetrain.loggers.mlflow import MLFlowLogger
 
         if nested_run:
             raise ValueError(

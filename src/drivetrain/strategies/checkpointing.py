@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
-from drivetrain.plugins.io.atomic import resolve
-from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError
+from drivetrain.plugins.io.atomic import resolve, write_file
+from drivetrain.plugins.io.safe_loading import UnsafeCheckpointError, load_torch_file
 from drivetrain.strategies import rng
 from drivetrain.strategies.rng import state_for_rank
 
@@ -270,8 +270,6 @@ def write_checkpoint(
 def _write_process_record(path: str, rank: int, record: dict[str, Any]) -> None:
     import torch
 
-    from drivetrain.plugins.io.atomic import write_file
-
     write_file(process_record_path(path, rank), lambda target: torch.save({PROCESSES: record}, target))
 
 
@@ -400,7 +398,6 @@ def read_checkpoint(
 
 
 def _read_process_record(path: str, weights_only: bool) -> dict[str, Any]:
-    from drivetrain.plugins.io.safe_loading import load_torch_file
 
     record: dict[str, Any] = load_torch_file(path, weights_only=weights_only)[PROCESSES]
     return record

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities import paths
 from drivetrain._utilities.imports import require
 from drivetrain.plugins.precision.deepspeed import DeepSpeedPrecision
 from drivetrain.strategies import deepspeed_config as cfg
@@ -493,7 +494,6 @@ def _match_deepspeed_accelerator(device: torch.device) -> None:
 
 def _refuse_remote(path: str | Path) -> None:
     """DeepSpeed's engine writes and reads its folders with local file calls: a URL would become a local folder."""
-    from drivetrain._utilities import paths
 
     if paths.is_remote(path):
         raise ValueError(

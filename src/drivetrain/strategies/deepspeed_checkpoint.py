@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.imports import require
+from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, load_torch_file
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO
 from drivetrain.strategies.checkpoint_folders import staged_folder
 
@@ -100,7 +102,6 @@ def save_engine_state(strategy: DeepSpeedStrategy, path: str | Path, state: dict
 def verify_engine_folder(folder: Path, partitions: int) -> None:
     """Raise unless ``folder`` holds DeepSpeed's ``latest`` tag, the module file, ``partitions`` optimizer
     partitions (one per rank under ZeRO 1-3) and the header, each file complete."""
-    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError
 
     latest = folder / "latest"
     tag = latest.read_text().strip() if latest.is_file() else None
@@ -194,12 +195,8 @@ def consolidate_deepspeed_checkpoint(
     """
     import torch
 
-    from drivetrain._utilities.imports import require
-
     require("deepspeed", extra="deepspeed", feature="Consolidating a DeepSpeed checkpoint")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from drivetrain.plugins.io.safe_loading import load_torch_file
 
     source = Path(source)
     if _module_file(source) is not None:  # a tag folder was given
@@ -273,7 +270,6 @@ def safe_deepspeed_loads(path: str | Path, weights_only: bool) -> Iterator[None]
 
 def check_files(root: Path) -> None:
     """Raise :class:`DamagedCheckpointError` naming the first ``.pt`` file under ``root`` that is not whole."""
-    from drivetrain.plugins.io.safe_loading import check_torch_file
 
     for file in sorted(root.rglob("*.pt")):
         check_torch_file(file)

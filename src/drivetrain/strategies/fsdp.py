@@ -27,6 +27,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from drivetrain._utilities import paths
+from drivetrain.plugins.io.safe_loading import DamagedCheckpointError
+from drivetrain.plugins.precision.fsdp import fsdp_mixed_precision_policy, fsdp_precision
 from drivetrain.strategies.consolidate import consolidate_checkpoint
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -153,7 +155,6 @@ class FSDPStrategy(ParallelStrategy):
     # -- connect()'s checks -----------------------------------------------------------------
     def connect_plugins(self, **plugins: Any) -> None:
         super().connect_plugins(**plugins)
-        from drivetrain.plugins.precision.fsdp import fsdp_precision
 
         self._precision = fsdp_precision(self.precision)
 
@@ -241,8 +242,6 @@ class FSDPStrategy(ParallelStrategy):
 
     def _shard(self, module: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
-
-        from drivetrain.plugins.precision.fsdp import fsdp_mixed_precision_policy
 
         if isinstance(module, FSDPModule):
             return module
@@ -366,7 +365,6 @@ class FSDPStrategy(ParallelStrategy):
         A sharded directory is read straight into the live shards, wherever they are, so
         ``map_location`` applies to a full file only.
         """
-        from drivetrain.plugins.io.safe_loading import DamagedCheckpointError
         from drivetrain.strategies.fsdp_checkpoint import is_sharded_checkpoint, load_sharded, lost_its_index
 
         state = state if state is not None else {}

@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 
 from drivetrain._utilities import paths
 from drivetrain.plugins.io.dcp import storage_writer
+from drivetrain.plugins.io.safe_loading import check_torch_file, load_torch_file, read_dcp_metadata
 from drivetrain.plugins.io.torch_io import TorchCheckpointIO
 from drivetrain.strategies.checkpoint_folders import staged_folder
 
@@ -79,7 +80,6 @@ def save_sharded(strategy: FSDPStrategy, path: str | Path, state: dict[str, Any]
 
 def verify_sharded(folder: str | Path) -> None:
     """Raise unless ``folder`` holds readable DCP metadata, every shard it names, and the header file."""
-    from drivetrain.plugins.io.safe_loading import check_torch_file, read_dcp_metadata
 
     read_dcp_metadata(folder)
     check_torch_file(paths.join(folder, STATE_FILE))
@@ -182,7 +182,6 @@ def consolidate_fsdp_checkpoint(
     Read safely unless ``weights_only=False``. Either path may be remote.
     """
     from drivetrain.plugins.io.dcp import load_whole_dcp_folder
-    from drivetrain.plugins.io.safe_loading import load_torch_file
 
     header_file = paths.join(source, STATE_FILE)
     header = load_torch_file(header_file, weights_only=weights_only) if paths.isfile(header_file) else None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from drivetrain.accelerators.hpu import HPUAccelerator
 from drivetrain.strategies.ddp import DDPStrategy
 from drivetrain.strategies.single_device import SingleDeviceStrategy
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
 
 def _check_hpu(name: str, accelerator: Accelerator) -> None:
-    from drivetrain.accelerators.hpu import HPUAccelerator
 
     if not isinstance(accelerator, HPUAccelerator):
         raise ValueError(

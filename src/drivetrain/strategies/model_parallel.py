@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import torch
 from torch import nn
 
+from drivetrain.plugins.precision.fsdp import fsdp_mixed_precision_policy
 from drivetrain.strategies.fsdp import FSDPStrategy
 from drivetrain.strategies.fsdp_wrap import (
     ModulePolicy,
@@ -201,7 +202,6 @@ class ModelParallelStrategy(FSDPStrategy):
     def _shard(self, module: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 
-        from drivetrain.plugins.precision.fsdp import fsdp_mixed_precision_policy
         from drivetrain.strategies.tensor_parallel import (
             apply_plan,
             check_even_split,

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.accelerators import Accelerator, AcceleratorRegistry, devices_for
+from drivetrain.connector import connect
 from drivetrain.plugins import CheckpointIO, ClusterEnvironment, Precision, PrecisionRegistry
 from drivetrain.plugins.precision import precision_from_name
 from drivetrain.strategies import ParallelStrategy, Strategy, StrategyRegistry, XLAStrategy
 from drivetrain.testing.contracts import rows
 from drivetrain.testing.contracts.accelerator import accelerator_checks, registered_names
 from drivetrain.testing.contracts.checkpoint_io import checkpoint_io_checks
-from drivetrain.testing.contracts.environment import environment_checks, rank_variables
+from drivetrain.testing.contracts.environment import environment_checks, rank_variables, variables
 from drivetrain.testing.contracts.precision import precision_checks
 from drivetrain.testing.contracts.strategy import registered_names as strategy_names
 from drivetrain.testing.contracts.strategy import strategy_checks
@@ -321,7 +322,6 @@ def check_strategy(
 
 def _own_launcher(make: Any, accelerator: str, hardware: Hardware) -> str | None:
     """How a parallel strategy starts 2 processes when that is not by re-running the script (None: it is)."""
-    from drivetrain.connector import connect
 
     with hardware.installed():
         try:
@@ -503,7 +503,6 @@ def check_cluster_environment(
             not_applicable("whole programs", "skipped: the environment does not describe the job (see above)")
         )
         return report
-    from drivetrain.testing.contracts.environment import variables
 
     with variables(ranks[0]):
         external = bool(cls().creates_processes_externally)

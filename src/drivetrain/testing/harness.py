@@ -24,7 +24,7 @@ from drivetrain.testing.kit_model import steps_per_epoch
 from drivetrain.testing.outcomes import Outcomes
 from drivetrain.testing.report import Report, failed, not_applicable, passed
 from drivetrain.testing.runner import ProgramRun, run_cli, run_phase, run_scheduled, write_programs
-from drivetrain.testing.settings import ProgramSettings, reference_of
+from drivetrain.testing.settings import ProgramSettings, load, reference_of
 from drivetrain.testing.stand_ins import STAND_INS, StandIn
 
 #: The built-in accelerators whose device libraries the kit has stand-ins for.
@@ -76,7 +76,6 @@ class Hardware:
     def stand_in_instance(self) -> StandIn | None:
         if self.stand_in is None:
             return None
-        from drivetrain.testing.settings import load
 
         cls = STAND_INS.get(self.stand_in) or load(self.stand_in)
         return cls(self.count)

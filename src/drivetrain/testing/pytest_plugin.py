@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from drivetrain.testing.command import check_plugin
 from drivetrain.testing.report import PluginCheckError, Report
 
 
@@ -53,7 +54,6 @@ class PluginCheckItem(pytest.Item):
         self.target = target
 
     def runtest(self) -> None:
-        from drivetrain.testing.command import check_plugin
 
         options = self.config.option
         reports = check_plugin(

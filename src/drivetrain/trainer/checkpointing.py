@@ -30,7 +30,7 @@ from drivetrain.strategies.checkpointing import (
     write_checkpoint,
 )
 from drivetrain.strategies.state_dicts import load_module_weights
-from drivetrain.trainer import checkpoint_schema
+from drivetrain.trainer import checkpoint_schema, lightning_checkpoint
 from drivetrain.trainer.hooks import hook_runner
 from drivetrain.trainer.hparams import hyperparameters_for_checkpoint
 from drivetrain.trainer.state import TrainerFn
@@ -345,7 +345,6 @@ def _restore_training_position(run: RunState, process: dict[str, Any]) -> None:
 
 def _translator(trainer: Trainer, path: str | Path, training: bool) -> Any:
     """Lightning's schema -> ours, for a checkpoint PyTorch Lightning wrote; ``None`` for our own."""
-    from drivetrain.trainer import lightning_checkpoint
 
     located = resolve(path)
     if located is None or not lightning_checkpoint.is_lightning_checkpoint(located):

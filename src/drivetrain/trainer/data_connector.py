@@ -27,6 +27,8 @@ from drivetrain.data import PassThroughBatches, PreparedDataLoader, can_prepare,
 from drivetrain.data.loader import loader_settings
 from drivetrain.trainer.datamodule import DataModule
 from drivetrain.trainer.hooks import overrides
+from drivetrain.trainer.loop_hooks import TRANSFER_HOOKS
+from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -78,7 +80,6 @@ class DataConnector(Restorable):
 
     def prepare_data(self, stage: str) -> None:
         """``prepare_data`` of the DataModule and the module once per node, then the DataModule's ``setup``."""
-        from drivetrain.trainer.module import TrainingModule
 
         trainer, datamodule = self.trainer, self.datamodule
         module = self.run_state.module
@@ -158,7 +159,6 @@ class DataConnector(Restorable):
         step = _STEP_FOR[stage]
         source = self._source(prefix)
         module = run.module
-        from drivetrain.trainer.module import TrainingModule
 
         has_step = stage == RunningStage.PREDICTING or overrides(module, TrainingModule, step)
         if required:
@@ -246,8 +246,6 @@ def batch_transfer(module: Any, strategy: Any, dataloader_idx: int) -> Callable[
     Lightning's order: ``on_before_batch_transfer`` → ``transfer_batch_to_device`` (default: the
     strategy's move) → ``on_after_batch_transfer``, before ``on_*_batch_start``.
     """
-    from drivetrain.trainer.loop_hooks import TRANSFER_HOOKS
-    from drivetrain.trainer.module import TrainingModule
 
     hooks = [
         getattr(module, name) if overrides(module, TrainingModule, name) else None for name in TRANSFER_HOOKS

@@ -6,6 +6,11 @@ from typing import Any
 
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from drivetrain.trainer.callbacks.model_summary import ModelSummary
+from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+from drivetrain.trainer.hooks import overrides
+from drivetrain.trainer.module import TrainingModule
 
 
 def configure_callbacks(
@@ -22,10 +27,6 @@ def configure_callbacks(
     Checkpoint callbacks run after the others so that what they save includes the others'
     state as of this step (an EarlyStopping counter, say).
     """
-    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
-    from drivetrain.trainer.callbacks.model_summary import ModelSummary
-    from drivetrain.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
-    from drivetrain.trainer.hooks import overrides
 
     for flag, value in (
         ("enable_progress_bar", enable_progress_bar),
@@ -92,7 +93,6 @@ def _summary_kind(callbacks: list[Callback]) -> type:
         from drivetrain.trainer.callbacks.rich_summary import RichModelSummary
 
         return RichModelSummary
-    from drivetrain.trainer.callbacks.model_summary import ModelSummary
 
     return ModelSummary
 
@@ -127,7 +127,6 @@ def attach_module_callbacks(callbacks: list[Callback], added: Any, owner: str) -
     A Trainer callback whose type is a module callback's type or one of its base classes is
     replaced (the module knows what it needs); checkpoint callbacks still run last.
     """
-    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
 
     if isinstance(added, Callback):
         added = [added]
@@ -162,8 +161,6 @@ def attach_module_callbacks(callbacks: list[Callback], added: Any, owner: str) -
 
 def module_callbacks(callbacks: list[Callback], module: Any) -> list[Callback]:
     """``callbacks`` with what ``module.configure_callbacks()`` returns, when the module overrides it."""
-    from drivetrain.trainer.hooks import overrides
-    from drivetrain.trainer.module import TrainingModule
 
     if not overrides(module, TrainingModule, "configure_callbacks"):
         return callbacks

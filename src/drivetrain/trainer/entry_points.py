@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities import paths
-from drivetrain.trainer.state import TrainerFn
+from drivetrain.trainer import checkpointing, info_lines
+from drivetrain.trainer.loops.evaluation import run_evaluation
+from drivetrain.trainer.loops.fit import FitLoop
+from drivetrain.trainer.loops.prediction import PredictionLoop
+from drivetrain.trainer.module import TrainingModule
+from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -29,7 +34,6 @@ def unwrap_compiled(model: Any) -> tuple[Any, Any]:
 
 def check_model(trainer: Trainer, run: RunState, fn: TrainerFn, model: Any) -> tuple[TrainingModule, Any]:
     """The module the entry point runs (the last one when ``model`` is None) and its compiler, if compiled."""
-    from drivetrain.trainer.module import TrainingModule
 
     if model is None:
         if run.module is None:
@@ -112,12 +116,6 @@ def check_can_save(trainer: Trainer, run: RunState, weights_only: bool) -> None:
 def run_entry_point(trainer: Trainer, run: RunState, fn: TrainerFn) -> Any:
     """Run ``fn``'s loop in this process, once the model and data are set up."""
     import torch
-
-    from drivetrain.trainer import checkpointing, info_lines
-    from drivetrain.trainer.loops.evaluation import run_evaluation
-    from drivetrain.trainer.loops.fit import FitLoop
-    from drivetrain.trainer.loops.prediction import PredictionLoop
-    from drivetrain.trainer.state import RunningStage
 
     if fn == TrainerFn.FITTING:
         run.optimization.setup(run.optimizers, run.scheduler_configs)

@@ -20,6 +20,11 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from drivetrain.trainer.module import TrainingModule
+from drivetrain.trainer.profiling import timed
+
 #: name → (callbacks have it, the module has it)
 HOOKS: dict[str, tuple[bool, bool]] = {
     "setup": (True, True),
@@ -223,17 +228,13 @@ class HookRunner:
 def _timed(profiler: Any, action: str, function: Callable[..., Any]) -> Callable[..., Any]:
     if profiler is None:
         return function
-    from drivetrain.trainer.profiling import timed
 
     return timed(profiler, action, function)
 
 
 def hook_runner(trainer: Any, run: Any) -> HookRunner:
     """The hooks of ``run``'s module and callbacks, resolved for the entry point starting (or a tuner trial)."""
-    from drivetrain.trainer.callbacks.callback import Callback
     from drivetrain.trainer.callbacks.early_stopping import EarlyStopping
-    from drivetrain.trainer.callbacks.model_checkpoint import ModelCheckpoint
-    from drivetrain.trainer.module import TrainingModule
 
     return HookRunner(
         trainer,

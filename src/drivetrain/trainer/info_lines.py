@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from drivetrain._utilities.log import get_logger
+from drivetrain.accelerators.selection import available_here
 
 if TYPE_CHECKING:
     from drivetrain.strategies.strategy import Strategy
@@ -91,7 +92,6 @@ def _limit_line(name: str, value: Any) -> None:
 
 
 def _device_lines(strategy: Strategy) -> None:
-    from drivetrain.accelerators.selection import available_here
 
     available = set(available_here())
     gpu = next((name for name in ("cuda", "mps") if name in available), None)

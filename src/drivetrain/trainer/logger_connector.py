@@ -20,12 +20,12 @@ from torch import Tensor
 
 from drivetrain._utilities.snapshots import Restorable
 from drivetrain.loggers.logger import DEFAULT_EXPERIMENT, Logger, metrics_to_floats
+from drivetrain.loggers.resolve import resolve_loggers as resolve
 from drivetrain.trainer.results import ResultCollection
 
 
 def resolve_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
     """The loggers ``Trainer(logger=...)`` means (the resolver both front doors share), under ``default_root_dir``."""
-    from drivetrain.loggers.resolve import resolve_loggers as resolve
 
     return resolve(logger, save_dir=default_root_dir, experiment=DEFAULT_EXPERIMENT, argument="logger")
 

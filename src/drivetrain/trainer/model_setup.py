@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from drivetrain._utilities.log import get_logger
 from drivetrain.strategies.model_setup import setup_model as setup_on_strategy
+from drivetrain.strategies.sync_batchnorm import convert_sync_batchnorm
 from drivetrain.trainer.hooks import overrides
+from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.optimizers import LRSchedulerConfig, parse_configure_optimizers
 
 if TYPE_CHECKING:
@@ -28,7 +31,6 @@ def setup_model(
     trainer: Trainer, run: RunState, with_optimizers: bool, restoring: bool
 ) -> tuple[nn.Module, list[Any], list[LRSchedulerConfig]]:
     """Return ``(model to call, optimizers, scheduler configs)`` for this process."""
-    from drivetrain.trainer.module import TrainingModule
 
     strategy = trainer.strategy
     module = run.module
@@ -109,8 +111,6 @@ def _check_optimizers_train_the_module(module: nn.Module, optimizers: list[Optim
 
 def _sync_batchnorm(trainer: Trainer, module: nn.Module) -> None:
     """``Trainer(sync_batchnorm=True)``: batch norms share their statistics across the processes."""
-    from drivetrain._utilities.log import get_logger
-    from drivetrain.strategies.sync_batchnorm import convert_sync_batchnorm
 
     strategy = trainer.strategy
     if strategy.world_size == 1:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from drivetrain._utilities.apply import move_to_device
+
 if TYPE_CHECKING:
     from drivetrain.trainer.trainer import Trainer
 
@@ -183,7 +185,6 @@ class ModuleTools(nn.Module):
 
 def _as_device(example: Any, module: nn.Module) -> Any:
     """``example`` on the module's device (tensors inside tuples, lists and dicts too)."""
-    from drivetrain._utilities.apply import move_to_device
 
     device = next((p.device for p in module.parameters()), None)
     return move_to_device(example, device) if device is not None else example

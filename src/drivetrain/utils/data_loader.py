@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from drivetrain.connector import connect
+from drivetrain.data.prepare import prepare_data_loader as prepare
 from drivetrain.utils.current import current_strategy
 
 if TYPE_CHECKING:
@@ -59,7 +61,6 @@ def prepare_data_loader(
             generator synchronisation without a running job, ``slice_fn_for_dispatch``,
             ``use_stateful_dataloader`` or ``torch_device_mesh``.
     """
-    from drivetrain.data.prepare import prepare_data_loader as prepare
 
     for name, value in (
         ("slice_fn_for_dispatch", slice_fn_for_dispatch),
@@ -125,7 +126,6 @@ def _standalone(
     device: Any, num_processes: int | None, process_index: int | None, rng_types: Iterable[Any] | None
 ) -> tuple[Strategy, tuple[int, int]]:
     """A one-process strategy on ``device`` and the share to shard for, checked."""
-    from drivetrain.connector import connect
 
     processes = 1 if num_processes is None else num_processes
     index = 0 if process_index is None else process_index

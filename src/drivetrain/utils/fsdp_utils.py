@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.strategies.checkpointing import model_key
 from drivetrain.utils import constants
 
 #: Accelerate's name for an FSDP model's file (``_<i>`` added for the model of index ``i`` > 0).
@@ -49,7 +50,6 @@ def merge_fsdp_weights(
     Raises:
         FileNotFoundError, ValueError: no sharded checkpoint there, or no model of that index in it.
     """
-    from drivetrain.strategies.checkpointing import model_key
     from drivetrain.strategies.consolidate import consolidate_checkpoint
 
     output = Path(output_path)

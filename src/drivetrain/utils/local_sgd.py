@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.utils.configuration import DistributedType
+
 
 class LocalSGD:
     """Local SGD on top of an Accelerator: average ``model``'s parameters every ``local_sgd_steps`` steps.
@@ -39,7 +41,6 @@ class LocalSGD:
     def __init__(
         self, accelerator: Any, model: nn.Module, local_sgd_steps: int, enabled: bool = True
     ) -> None:
-        from drivetrain.utils.configuration import DistributedType
 
         kind = accelerator.distributed_type
         data_parallel = (

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from drivetrain._utilities.apply import apply_to_collection
+from drivetrain.data.batches import concatenate_batches
 
 
 def is_torch_tensor(value: Any) -> bool:
@@ -79,7 +80,6 @@ def concatenate(data: list[Any] | tuple[Any, ...], dim: int = 0) -> Any:
     Raises:
         TypeError: ``data`` is not a non-empty list or tuple of batches.
     """
-    from drivetrain.data.batches import concatenate_batches
 
     if not isinstance(data, (list, tuple)) or not data:
         raise TypeError(

@@ -40,6 +40,7 @@ from typing import IO, Any
 
 from drivetrain._utilities import paths
 from drivetrain._utilities.sizes import format_size
+from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 from drivetrain.plugins.io.write_behind import write_behind
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.drivetrain-(?P<kind>partial|old|deleted)-(?P<token>[0-9a-f]{12})$")
@@ -573,7 +574,6 @@ def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = 
     data files; a remote folder must also carry its completion marker. Cheap: reads archive
     indexes and metadata, not tensor data.
     """
-    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 
     if paths.is_remote(path):
         return _is_complete_remote(os.fspath(path), storage_options)
@@ -596,7 +596,6 @@ def is_complete(path: str | os.PathLike[str], storage_options: StorageOptions = 
 
 
 def _is_complete_remote(path: str, options: StorageOptions) -> bool:
-    from drivetrain.plugins.io.safe_loading import DamagedCheckpointError, check_torch_file, read_dcp_metadata
 
     try:
         if paths.isfile(path, options):

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from drivetrain._utilities.apply import move_to_device
+from drivetrain.strategies import rng
 from drivetrain.strategies.launchers.launcher import Launcher, ProcessFailedError
 from drivetrain.strategies.launchers.parent_death import die_with_parent
 from drivetrain.strategies.launchers.process_env import threads_per_process, worker_environment
@@ -124,7 +125,6 @@ class MultiprocessingLauncher(Launcher):
         store: dist.Store | None,
     ) -> None:
         # Imported here: importing the façade (which reaches this launcher) loads no hardware plugin.
-        from drivetrain.strategies import rng
 
         strategy = self._strategy
         num_processes, num_nodes, node_rank = strategy.num_processes, strategy.num_nodes, strategy.node_rank
@@ -227,7 +227,6 @@ def _run_rank(
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     strategy, function, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
-    from drivetrain.strategies import rng
 
     rng.restore(strategy, rng_states)
     # The parent hosts the store, so every rank (rank 0 included) joins it as a client.

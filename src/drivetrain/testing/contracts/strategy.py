@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.connector import connect
 from drivetrain.strategies import ParallelStrategy, Strategy, StrategyRegistry
 from drivetrain.testing.contracts import Check, NotApplicable
 
@@ -64,7 +65,6 @@ def strategy_checks(cls: Any, make: Callable[..., Any], accelerator: str) -> lis
         return None
 
     def wired() -> str | None:
-        from drivetrain.connector import connect
 
         built = make()
         strategy = connect(accelerator=accelerator, strategy=built, devices=1)

@@ -6,6 +6,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.tuner.batch_size import check_scale_arguments, scale_batch_size
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -49,7 +50,6 @@ class BatchSizeFinder(Callback):
         margin: float = 0.05,
         max_val: int = 8192,
     ) -> None:
-        from drivetrain.trainer.tuner.batch_size import check_scale_arguments
 
         check_scale_arguments(
             mode, steps_per_trial, init_val, max_trials, batch_arg_name, max_memory, margin, max_val
@@ -68,7 +68,6 @@ class BatchSizeFinder(Callback):
 
     def scale_batch_size(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         """Run the search now (inside a running fit) and keep the result in :attr:`optimal_batch_size`."""
-        from drivetrain.trainer.tuner.batch_size import scale_batch_size
 
         self.trials = []
         self.optimal_batch_size = scale_batch_size(

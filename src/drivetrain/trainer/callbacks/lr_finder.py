@@ -6,6 +6,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.tuner.lr_finder import check_lr_find_arguments, lr_find
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -49,7 +50,6 @@ class LearningRateFinder(Callback):
         update_attr: bool = True,
         attr_name: str = "",
     ) -> None:
-        from drivetrain.trainer.tuner.lr_finder import check_lr_find_arguments
 
         check_lr_find_arguments(
             min_lr, max_lr, num_training_steps, mode, early_stop_threshold, name="num_training_steps"
@@ -70,7 +70,6 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         """Run the test now (inside a running fit) and keep its result in :attr:`optimal_lr`."""
-        from drivetrain.trainer.tuner.lr_finder import lr_find
 
         self.optimal_lr = lr_find(
             trainer,

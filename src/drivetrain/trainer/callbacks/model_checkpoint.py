@@ -36,6 +36,8 @@ from torch import Tensor
 
 from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
+from drivetrain.plugins.io.atomic import is_temporary, publish_link, resolve
+from drivetrain.plugins.io.safe_loading import load_torch_file
 from drivetrain.trainer.callbacks.callback import Callback
 
 _log = get_logger(__name__)
@@ -349,7 +351,6 @@ class ModelCheckpoint(Callback):
         return path
 
     def _taken(self, path: str) -> bool:
-        from drivetrain.plugins.io.atomic import resolve
 
         return path in self.best_k_models or path in self._recent or resolve(path) is not None
 
@@ -368,7 +369,6 @@ class ModelCheckpoint(Callback):
 
     def _link(self, trainer: Trainer, target: str, last: str) -> bool:
         """``last`` becomes a link to the latest checkpoint saved (Lightning's ``save_last="link"``); whether it did."""
-        from drivetrain.plugins.io.atomic import publish_link
 
         linked = publish_link(target, last) if trainer.is_global_zero else True
         if trainer.world_size > 1:
@@ -651,7 +651,6 @@ class ModelCheckpoint(Callback):
 
     def _own_checkpoints(self) -> set[str]:
         """The checkpoints in this callback's folder named as it names them (template or ``last``, any version)."""
-        from drivetrain.plugins.io.atomic import is_temporary
 
         if not self.dirpath:
             return set()
@@ -712,7 +711,6 @@ def _same_file(a: str, b: str) -> bool:
 
 def _recorded_step(path: str) -> int:
     """The global step the checkpoint at ``path`` records (a file, or a sharded folder's state file); -1 if unreadable."""
-    from drivetrain.plugins.io.safe_loading import load_torch_file
 
     try:
         if paths.isdir(path):  # FSDP and DeepSpeed folders keep the plain values in one state file

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from drivetrain._utilities import paths
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.callbacks.model_checkpoint import _ONE_PROCESS_ONLY
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -55,7 +56,6 @@ class OnExceptionCheckpoint(Callback):
         return paths.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
-        from drivetrain.trainer.callbacks.model_checkpoint import _ONE_PROCESS_ONLY
 
         if stage == "fit" and trainer.world_size > 1:
             raise ValueError(_ONE_PROCESS_ONLY.format(what="OnExceptionCheckpoint", n=trainer.world_size))

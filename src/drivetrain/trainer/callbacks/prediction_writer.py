@@ -11,6 +11,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from drivetrain.trainer.callbacks.callback import Callback
+from drivetrain.trainer.hooks import overrides
 
 if TYPE_CHECKING:
     from drivetrain.trainer.module import TrainingModule
@@ -89,7 +90,6 @@ class BasePredictionWriter(Callback):
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if stage != "predict":
             return
-        from drivetrain.trainer.hooks import overrides
 
         for needed, method in (
             (self.interval.on_batch, "write_on_batch_end"),

@@ -24,6 +24,7 @@ from drivetrain.trainer.hooks import overrides, takes_batch_idx, without_batch_i
 from drivetrain.trainer.logger_connector import batches_that_stepped
 from drivetrain.trainer.loops.optimization import redirected_call, with_precision
 from drivetrain.trainer.loops.uneven import Padding
+from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.profiling import timed
 from drivetrain.trainer.results import new_results
 from drivetrain.trainer.state import RunningStage, TrainerFn
@@ -165,7 +166,6 @@ def limit_below_length(loader: Any, limit: float) -> float | None:
 
 def enter_eval_mode(run: RunState, prefix: str) -> list[tuple[nn.Module, bool]]:
     """``on_<prefix>_model_eval`` (by default ``trainer.model.eval()``); returns every submodule's mode before it."""
-    from drivetrain.trainer.module import TrainingModule
 
     model, module = run.model, run.module
     modes = [(submodule, submodule.training) for submodule in model.modules()]
@@ -179,7 +179,6 @@ def enter_eval_mode(run: RunState, prefix: str) -> list[tuple[nn.Module, bool]]:
 
 def leave_eval_mode(run: RunState, prefix: str, modes: list[tuple[nn.Module, bool]]) -> None:
     """``on_<prefix>_model_train`` where overridden; otherwise every submodule gets the mode it had."""
-    from drivetrain.trainer.module import TrainingModule
 
     module = run.module
     hook = f"on_{prefix}_model_train"
@@ -197,8 +196,6 @@ def check_dataloader_idx(module: Any, prefix: str, count: int) -> None:
     callbacks' ``on_<prefix>_batch_start``/``_end`` only when there are several loaders.
     """
     import inspect
-
-    from drivetrain.trainer.module import TrainingModule
 
     what = prefix.split("_")[0]
     step = f"{prefix}_step"

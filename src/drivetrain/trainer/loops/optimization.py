@@ -16,9 +16,12 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from drivetrain._utilities.log import get_logger
+from drivetrain.plugins.precision.precision import Precision
 from drivetrain.strategies.step_policy import GradientAccumulation, clip_gradients
-from drivetrain.trainer.hooks import takes_batch_idx, without_batch_idx
+from drivetrain.strategies.strategy import Strategy
+from drivetrain.trainer.hooks import overrides, takes_batch_idx, without_batch_idx
 from drivetrain.trainer.loop_hooks import STEP_HOOKS
+from drivetrain.trainer.module import TrainingModule
 from drivetrain.trainer.optimizers import step_schedulers
 
 _log = get_logger(__name__)
@@ -510,10 +513,6 @@ class HookedOptimizer(ManualOptimizer):
 
 def module_hooks(module: Any, strategy: Any) -> dict[str, Callable[..., Any]]:
     """The step hooks ``module`` overrides (bound), checked against what ``strategy`` can honour."""
-    from drivetrain.plugins.precision.precision import Precision
-    from drivetrain.strategies.strategy import Strategy
-    from drivetrain.trainer.hooks import overrides
-    from drivetrain.trainer.module import TrainingModule
 
     found = {
         name: getattr(module, name)

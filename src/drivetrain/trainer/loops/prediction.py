@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain.trainer.callbacks.prediction_writer import BasePredictionWriter
+from drivetrain.trainer.loop_views import evaluation_progress
 from drivetrain.trainer.loops.evaluation import (
     check_dataloader_idx,
     enter_eval_mode,
@@ -70,7 +72,6 @@ class PredictionLoop:
     @property
     def batch_progress(self) -> Any:
         """Lightning's counters of the batches predicted, in this process (see :mod:`drivetrain.trainer.loop_views`)."""
-        from drivetrain.trainer.loop_views import evaluation_progress
 
         return evaluation_progress(self.run_state, "predict")
 
@@ -163,7 +164,6 @@ class PredictionLoop:
         strategy = self.trainer.strategy
         if strategy.world_size == 1:
             return collected
-        from drivetrain._utilities.apply import move_to_device
 
         gathered = strategy.all_gather_object(move_to_device(collected, "cpu"))
         return loader.merge_process_results(gathered)

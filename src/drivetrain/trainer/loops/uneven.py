@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from drivetrain._utilities.apply import move_to_device
 from drivetrain.trainer.results import ResultCollection
 
 if TYPE_CHECKING:
@@ -58,7 +59,6 @@ class Padding:
         source = self.sources[index]
         if source is None:
             return None
-        from drivetrain._utilities.apply import move_to_device
 
         strategy = self.trainer.strategy
         batch = move_to_device(next(iter(loader)), "cpu") if strategy.global_rank == source else None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from drivetrain._utilities.imports import require
 from drivetrain._utilities.log import get_logger
 from drivetrain.trainer.callbacks.callback import Callback
 from drivetrain.trainer.tuner.attributes import find_lr_attribute, set_attribute
@@ -136,7 +137,6 @@ class LRFinder:
             ax: draw on this matplotlib ``Axes`` instead of a new figure.
             path: also save the figure there as a PNG.
         """
-        from drivetrain._utilities.imports import require
 
         require("matplotlib", extra="plot", feature="LRFinder.plot()")
         if ax is None:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from drivetrain.strategies import rng
 from drivetrain.trainer.hooks import hook_runner
+from drivetrain.trainer.loops.fit import FitLoop
+from drivetrain.trainer.results import ResultCollection, collectives_of
 from drivetrain.trainer.state import RunningStage, TrainerFn
 
 if TYPE_CHECKING:
@@ -99,8 +101,6 @@ def run_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = 
 
 def prepare_steps(trainer: Trainer, max_steps: int, callbacks: Sequence[Callback] = ()) -> FitLoop:
     """Set the Trainer up for :func:`train_steps` (what the previous trial left behind is released here)."""
-    from drivetrain.trainer.loops.fit import FitLoop
-    from drivetrain.trainer.results import ResultCollection, collectives_of
 
     run = trainer.run_state
     settings = run.settings

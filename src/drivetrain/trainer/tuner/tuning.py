@@ -20,6 +20,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.strategies import rng
+from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
+from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
+from drivetrain.trainer.trainer import Trainer
+from drivetrain.trainer.tuner.batch_size import check_one_process
+from drivetrain.trainer.tuner.lr_finder import check_lr_find_arguments
+
 if TYPE_CHECKING:
     from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
     from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
@@ -38,7 +45,6 @@ class Tuner:
     """
 
     def __init__(self, trainer: Trainer) -> None:
-        from drivetrain.trainer.trainer import Trainer
 
         if not isinstance(trainer, Trainer):
             raise TypeError(f"Tuner(trainer) expects a drivetrain.Trainer, got {type(trainer).__name__}.")
@@ -79,8 +85,6 @@ class Tuner:
             margin: in binsearch mode, keep this fraction below the largest size that fitted.
             max_val: never try a larger batch size.
         """
-        from drivetrain.trainer.callbacks.batch_size_finder import BatchSizeFinder
-        from drivetrain.trainer.tuner.batch_size import check_one_process
 
         _check_method(method, dataloaders)
         check_one_process(self._trainer.world_size)
@@ -135,8 +139,6 @@ class Tuner:
             update_attr: write the suggestion to the module's attribute.
             attr_name: that attribute (default: ``lr``, else ``learning_rate``).
         """
-        from drivetrain.trainer.callbacks.lr_finder import LearningRateFinder
-        from drivetrain.trainer.tuner.lr_finder import check_lr_find_arguments
 
         _check_method(method, dataloaders)
         check_lr_find_arguments(
@@ -153,7 +155,6 @@ class Tuner:
         )
         # As Lightning's, the search leaves the random generators as they were (the loaders it builds draw from
         # them), so the same call gives the same result again.
-        from drivetrain.strategies import rng
 
         generators = rng.capture(self._trainer.strategy)
         try:
