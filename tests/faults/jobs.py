@@ -147,6 +147,22 @@ def wait_until_gone(pids: list[int], timeout: float) -> float:
     return float("inf")
 
 
+#: The jobs' hang limit (``Job.wait``'s timeout in these tests); a scaled bound stays below it, so a
+#: job that only ends when something times out still fails the bound.
+HANG_SECONDS = 90
+
+
+def load_scaled(seconds: float) -> float:
+    """A bound on how long a job takes to end, stretched by how busy the machine is right now.
+
+    The bounds are set for an idle machine; with other tests running beside (pytest-xdist, a busy
+    CI host) every process is slower by about the load per core. The bound grows by that factor,
+    never to :data:`HANG_SECONDS` or beyond.
+    """
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(seconds * max(1.0, per_core), HANG_SECONDS - 10)
+
+
 def report(test: str, trials: int, passes: int, worst_seconds: float, **extra: object) -> None:
     """Add this test's figures to the report file, when one is asked for."""
     path = os.environ.get("DRIVETRAIN_FAULTS_REPORT")

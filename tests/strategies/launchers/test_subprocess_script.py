@@ -44,13 +44,13 @@ def test_two_ranks_run_with_torchrun_variables_and_shared_cores(tmp_path: Path) 
 
 
 def test_a_failing_child_stops_the_job_and_is_named(tmp_path: Path) -> None:
-    started = time.monotonic()
+    # Rank 0 waits in a barrier, which would only end at the process group's 30-minute timeout: a
+    # job that is not stopped fails run_script's 90 s limit.
     result = run_script([str(JOB), "raise-on-1", str(tmp_path)], timeout=90)
     assert result.returncode != 0
     assert "deliberate failure on rank 1" in result.stderr
     assert "ProcessFailedError: rank 1 (pid" in result.stderr
     assert "exited with code 1" in result.stderr
-    assert time.monotonic() - started < 60
 
 
 def test_a_child_that_ends_well_before_joining_fails_the_job_at_once(tmp_path: Path) -> None:
@@ -84,13 +84,11 @@ def test_the_failing_child_is_named_even_when_its_peer_notices_first(tmp_path: P
 
 
 def test_a_killed_child_interrupts_rank_zero_mid_computation(tmp_path: Path) -> None:
-    started = time.monotonic()
     result = run_script([str(JOB), "sigkill-1-while-0-computes", str(tmp_path)], timeout=90)
-    elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "rank 1 (pid" in result.stderr and "was killed by SIGKILL" in result.stderr
+    # The event, not a clock: rank 0 says so if its 60 s loop ran to the end uninterrupted.
     assert "rank 0 was never interrupted" not in result.stdout
-    assert elapsed < 40, f"took {elapsed:.1f} s: rank 0 should stop within seconds, not after its 60 s loop"
 
 
 def test_a_failing_rank_zero_leaves_no_orphans(tmp_path: Path) -> None:
