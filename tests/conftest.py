@@ -125,6 +125,45 @@ def _no_process_group_left_behind(request: pytest.FixtureRequest) -> object:
         pytest.fail(f"{request.node.nodeid} left a default process group in the pytest process; tear it down")
 
 
+#: The registries a test may add its own plugins to (imported on first use; see _registries_as_found).
+_REGISTRY_MODULES = {
+    "drivetrain.accelerators.registry": "AcceleratorRegistry",
+    "drivetrain.strategies.registry": "StrategyRegistry",
+    "drivetrain.loggers.registry": "LoggerRegistry",
+    "drivetrain.plugins.precision.names": "PrecisionRegistry",
+}
+
+
+_KIT = "drivetrain.testing"
+
+
+@pytest.fixture(autouse=True)
+def _registries_as_found() -> object:
+    """A plugin a test registers is gone after it: the next test on this worker sees the registries as before.
+
+    Under pytest-xdist every test after one that registered a name (say ``"pocket"``) would find it
+    listed among the available ones. Built-in entries, loaded lazily by any test, stay.
+    """
+    found = {
+        name: dict(getattr(sys.modules[module], name)._entries)
+        for module, name in _REGISTRY_MODULES.items()
+        if module in sys.modules
+    }
+    yield
+    for module, name in _REGISTRY_MODULES.items():
+        if module not in sys.modules:
+            continue
+        registry = getattr(sys.modules[module], name)
+        before = found.get(name, {})
+        for key, entry in list(registry._entries.items()):
+            if before.get(key) is entry or (entry.is_builtin and not entry.cls.__module__.startswith(_KIT)):
+                continue  # as found, or a built-in loaded on first use (the kit's stand-ins are not)
+            if key in before:
+                registry._entries[key] = before[key]
+            else:
+                del registry._entries[key]
+
+
 #: Markers of tests that start several processes (ranks, launchers, killed programs). Under pytest-xdist
 #: (``scripts/test`` runs two workers) they all run on one worker, one after the other, so at most one
 #: multi-process job shares the machine with the other worker's single-process tests.

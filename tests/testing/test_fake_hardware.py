@@ -27,36 +27,42 @@ def test_fake_hardware_undoes_itself_outside_pytest() -> None:
     assert (torch.cuda.device_count(), HPUAccelerator.is_available()) == real
 
 
-class _Pocket(Accelerator):
-    """Devices of their own type, with a record of the devices its hooks were given."""
+def _pocket() -> type[Accelerator]:
+    """A plugin registering itself as "pocket" (defined in the test: the registration lasts for the test only)."""
 
-    seen: list[torch.device] = []
+    class _Pocket(Accelerator):
+        """Devices of their own type, with a record of the devices its hooks were given."""
 
-    @staticmethod
-    def parse_devices(devices: Any) -> Any:
-        return devices
+        seen: list[torch.device] = []
 
-    @staticmethod
-    def get_parallel_devices(devices: Any) -> list[torch.device]:
-        return [torch.device("xpu", index) for index in devices]
+        @staticmethod
+        def parse_devices(devices: Any) -> Any:
+            return devices
 
-    @staticmethod
-    def auto_device_count() -> int:
-        return 2
+        @staticmethod
+        def get_parallel_devices(devices: Any) -> list[torch.device]:
+            return [torch.device("xpu", index) for index in devices]
 
-    @staticmethod
-    def is_available() -> bool:
-        return False  # the library is absent here
+        @staticmethod
+        def auto_device_count() -> int:
+            return 2
 
-    def setup_device(self, device: torch.device) -> None:
-        type(self).seen.append(device)
+        @staticmethod
+        def is_available() -> bool:
+            return False  # the library is absent here
 
-    @classmethod
-    def register_accelerators(cls, accelerator_registry: Any) -> None:
-        accelerator_registry.register("pocket", cls)
+        def setup_device(self, device: torch.device) -> None:
+            type(self).seen.append(device)
+
+        @classmethod
+        def register_accelerators(cls, accelerator_registry: Any) -> None:
+            accelerator_registry.register("pocket", cls)
+
+    return _Pocket
 
 
 def test_the_fake_hands_out_cpu_devices_and_gives_the_hooks_their_own() -> None:
+    _Pocket: Any = _pocket()
     fake = install_fake(_Pocket, forced_count=2)
     assert AcceleratorRegistry.entry("pocket").cls is fake and original_class(fake) is _Pocket
     assert fake.__name__ == "_Pocket" and fake.is_available()
