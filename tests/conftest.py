@@ -162,17 +162,3 @@ def _registries_as_found() -> object:
                 registry._entries[key] = before[key]
             else:
                 del registry._entries[key]
-
-
-#: Markers of tests that start several processes (ranks, launchers, killed programs). Under pytest-xdist
-#: (``scripts/test`` runs two workers) they all run on one worker, one after the other, so at most one
-#: multi-process job shares the machine with the other worker's single-process tests.
-_PROCESS_HEAVY = ("multiprocess", "faults", "deepspeed", "mpi", "compat")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if any(item.get_closest_marker(name) is not None for name in _PROCESS_HEAVY):
-            item.add_marker(pytest.mark.xdist_group("processes"))
