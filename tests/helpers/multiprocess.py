@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from drivetrain.utils import current
+
 
 class RankFailed(AssertionError):
     """A rank raised; the message holds its labelled traceback."""
@@ -159,6 +161,9 @@ def _rank_main(
     timeout: float,
 ) -> None:
     port = ports.get()
+    # A rank starts as a fresh process would: an Accelerator an earlier test made in the pytest process,
+    # inherited through fork, is not this rank's current one (PartialState() would view its 1 process).
+    current._owners.clear()
     os.environ.update(
         {
             "RANK": str(rank),
