@@ -3,6 +3,8 @@ program can take its port in between (the ports here are real sockets)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from pathlib import Path
 
@@ -85,6 +87,8 @@ def _fail_once_then_train(directory: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_accelerates_elastic_options_run_under_torchs_agent(tmp_path: Path) -> None:
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    handlers = [signal.getsignal(signum) for signum in signals]
     dt.notebook_launcher(
         _fail_once_then_train,
         (str(tmp_path),),
@@ -94,6 +98,9 @@ def test_accelerates_elastic_options_run_under_torchs_agent(tmp_path: Path) -> N
         monitor_interval=0.2,
     )
     assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["1 3.0", "1 3.0"]
+    # torch's agent replaced them; the notebook gets its own back (Ctrl-C is a KeyboardInterrupt again).
+    assert [signal.getsignal(signum) for signum in signals] == handlers
+    assert "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ
 
 
 def test_bad_elastic_options_are_explained() -> None:

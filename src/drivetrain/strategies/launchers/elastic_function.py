@@ -8,8 +8,15 @@ rendezvous, watches them every ``monitor_interval`` seconds and restarts them al
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+#: The signals torch's agent takes over (its default TORCHELASTIC_SIGNALS_TO_HANDLE).
+_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 def run_elastic(
@@ -51,5 +58,30 @@ def run_elastic(
         start_method="fork",
         log_line_prefix_template=log_line_prefix_template,
     )
-    results: dict[int, Any] = elastic_launch(config=config, entrypoint=function)(*args)
+    with _handlers_left_as_found():
+        results: dict[int, Any] = elastic_launch(config=config, entrypoint=function)(*args)
     return results
+
+
+@contextmanager
+def _handlers_left_as_found() -> Iterator[None]:
+    """Put back the signal handlers (and the variable naming them) torch's agent installs and leaves.
+
+    Left in place, the next Ctrl-C or kernel interrupt in the notebook raised torch's
+    ``SignalException`` instead of ``KeyboardInterrupt``, and a SIGTERM meant for a later fit was
+    turned into that exception by torch's handler.
+    """
+    signals = [getattr(signal, name) for name in _AGENT_SIGNALS if hasattr(signal, name)]
+    handlers = {signum: signal.getsignal(signum) for signum in signals}
+    variable = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in handlers.items():
+                if handler is not None:  # None: installed outside Python, cannot be put back
+                    signal.signal(signum, handler)
+        if variable is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = variable
