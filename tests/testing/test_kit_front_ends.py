@@ -95,11 +95,12 @@ def test_the_command_prints_the_table_and_exits_by_the_result() -> None:
     for arguments, message in (
         (
             ["nothing_here"],
-            "'nothing_here' is neither 'module:attribute', an importable module, nor a registered",
+            "'nothing_here' is neither an importable module nor a registered accelerator, strategy or precision",
         ),
         (
             ["testing.broken_plugins:WrongWorldSizeEnvironment"],
-            "is a cluster environment: give the variables its scheduler sets, e.g. --env",
+            "is a cluster environment: the kit needs every variable its scheduler sets and the environment "
+            "reads (detect() and each getter), e.g. --env",
         ),
         (["drivetrain.plugins:LocalEnvironment", "--env", "RANK"], "--env takes NAME=VALUE, got 'RANK'"),
     ):
@@ -107,6 +108,88 @@ def test_the_command_prints_the_table_and_exits_by_the_result() -> None:
             [sys.executable, "-m", "drivetrain", "check-plugin", *arguments], env=_env(), timeout=120
         )
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+
+
+_VENDOR = """
+import torch
+from drivetrain.plugins import ClusterEnvironment, TorchCheckpointIO
+
+
+class PlainTorchIO(TorchCheckpointIO):
+    pass
+
+
+class MySchedEnvironment(ClusterEnvironment):
+    creates_processes_externally = True
+    main_address = "127.0.0.1"
+    main_port = 0
+
+    @staticmethod
+    def detect():
+        return False
+
+    def world_size(self):
+        return 1
+
+    def set_world_size(self, size):
+        pass
+
+    def global_rank(self):
+        return 0
+
+    def set_global_rank(self, rank):
+        pass
+
+    def local_rank(self):
+        return 0
+
+    def node_rank(self):
+        return 0
+"""
+
+
+def test_the_command_finds_a_plugin_being_written_here_and_explains_bad_targets(tmp_path: Path) -> None:
+    """As a vendor runs it: the installed ``drivetrain`` command, in the folder that holds the plugin."""
+    (tmp_path / "vendor.py").write_text(_VENDOR)
+    command = str(Path(sys.executable).parent / "drivetrain")
+    env = clean_env(PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+
+    def run(*arguments: str) -> subprocess.CompletedProcess[str]:
+        return run_command([command, "check-plugin", *arguments], env=env, cwd=tmp_path, timeout=120)
+
+    for target in (
+        "vendor:PlainTorchIO",
+        "vendor.py:PlainTorchIO",
+        str(tmp_path / "vendor.py") + ":PlainTorchIO",
+    ):
+        checked = run(target, "--contract-only")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "PlainTorchIO (checkpoint_io): 7 passed, 0 failed" in checked.stdout
+    # A module with an environment and no --env: the others are checked, the environment left out with why.
+    module = run("vendor", "--contract-only")
+    assert module.returncode == 0 and "PlainTorchIO (checkpoint_io): 7 passed" in module.stdout, module.stderr
+    assert "Not checked: vendor:MySchedEnvironment is a cluster environment" in module.stderr
+    for arguments, message in (
+        (
+            ["vendor:PlainTorchIo"],
+            "vendor has no attribute 'PlainTorchIo' and registers no accelerator, "
+            "strategy or precision of that name. Did you mean vendor:PlainTorchIO?",
+        ),
+        ([":PlainTorchIO"], "names no module before the colon: write module:Class"),
+        (["nowhere:Thing"], f"No module named 'nowhere' here ({tmp_path}). Run the command from the folder"),
+        (["plugins/notes.txt:Thing"], "plugins/notes.txt is not a Python file"),
+        (
+            ["vendor:MySchedEnvironment", "--env", "MYSCHED_WORLD={worldsize}"],
+            "The variable MYSCHED_WORLD='{worldsize}' has a placeholder the kit does not fill ('worldsize'); "
+            "use {rank}, {local_rank}, {node_rank}, {world_size}, {port}",
+        ),
+        (["vendor", "--processes", "3,x"], "argument --processes: process counts separated by commas"),
+        (["vendor", "--world-size", "0"], "argument --world-size: a whole number of processes, at least 1"),
+    ):
+        refused = run(*arguments)
+        assert refused.returncode == 2, (arguments, refused.stdout, refused.stderr)
+        assert message in " ".join(refused.stderr.split()), (arguments, refused.stderr)
+        assert "Traceback" not in refused.stderr, refused.stderr
 
 
 def test_the_pytest_plugin_makes_one_test_per_target(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def add_check_plugin_command(commands: Any) -> None:
         "--kind",
         choices=("accelerator", "strategy", "precision"),
         default=None,
-        help="for a registered name several registries hold (xla: the accelerator unless --kind strategy)",
+        help="for a registered name several registries hold (xla: the accelerator unless --kind strategy); "
+        "checkpoint IOs and cluster environments have no registry: give them as module:Class",
     )
     parser.add_argument(
         "--fake", action="store_true", help="run an accelerator whose hardware is absent on CPU tensors"
@@ -53,7 +54,10 @@ def add_check_plugin_command(commands: Any) -> None:
         "--accelerator", default="cpu", help="the accelerator a strategy or precision runs on (default cpu)"
     )
     parser.add_argument(
-        "--processes", default=None, help="process counts for the programs, e.g. 1,2 (default both)"
+        "--processes",
+        type=_process_counts,
+        default=None,
+        help="process counts for the programs, e.g. 1,2 (default both)",
     )
     parser.add_argument(
         "--contract-only", action="store_true", help="skip the whole programs (the fast checks only)"
@@ -70,7 +74,10 @@ def add_check_plugin_command(commands: Any) -> None:
         help="a cluster environment's variable (repeat)",
     )
     parser.add_argument(
-        "--world-size", type=int, default=2, help="processes of the job for a cluster environment (default 2)"
+        "--world-size",
+        type=_at_least_one,
+        default=2,
+        help="processes of the job for a cluster environment (default 2)",
     )
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds each program may run (default 300)"
@@ -79,6 +86,25 @@ def add_check_plugin_command(commands: Any) -> None:
         "--root", default=None, help="where the programs' folders go (default: a temporary folder)"
     )
     parser.set_defaults(run=run_check_plugin)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of processes, at least 1, is needed; got {text!r}")
+    return value
+
+
+def _process_counts(text: str) -> list[int]:
+    try:
+        return [_at_least_one(part.strip()) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"process counts separated by commas, each at least 1, e.g. 1,2; got {text!r}"
+        ) from None
 
 
 def run_check_plugin(args: argparse.Namespace) -> int:
@@ -91,7 +117,7 @@ def run_check_plugin(args: argparse.Namespace) -> int:
             print(f"drivetrain check-plugin: --env takes NAME=VALUE, got {item!r}.", file=sys.stderr)
             return 2
         env[name] = value
-    processes = [int(p) for p in args.processes.split(",")] if args.processes else None
+    processes = args.processes
     try:
         reports = check_plugin(
             args.target,

@@ -44,6 +44,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--drivetrain-devices", type=int, default=2, help="devices (processes) of the multi-process programs"
     )
+    group.addoption(
+        "--drivetrain-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a cluster environment's variable, placeholders {rank} {local_rank} {node_rank} {world_size} {port} (repeat)",
+    )
 
 
 class PluginCheckItem(pytest.Item):
@@ -56,12 +63,22 @@ class PluginCheckItem(pytest.Item):
     def runtest(self) -> None:
 
         options = self.config.option
-        reports = check_plugin(
-            self.target,
-            fake=options.drivetrain_fake,
-            devices=options.drivetrain_devices,
-            whole_programs=not options.drivetrain_contract_only,
-        )
+        env = {}
+        for item in options.drivetrain_env:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise PluginCheckError(f"--drivetrain-env takes NAME=VALUE, got {item!r}.")
+            env[name] = value
+        try:
+            reports = check_plugin(
+                self.target,
+                fake=options.drivetrain_fake,
+                devices=options.drivetrain_devices,
+                whole_programs=not options.drivetrain_contract_only,
+                env=env or None,
+            )
+        except ValueError as error:  # the target itself: one clear line, not the kit's traceback
+            raise PluginCheckError(str(error).replace("--env ", "--drivetrain-env ")) from None
         for report in reports:
             print(report)
         failures = [str(error) for error in _failures(reports)]

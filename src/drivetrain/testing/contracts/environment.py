@@ -17,16 +17,32 @@ from typing import Any
 from drivetrain.plugins import ClusterEnvironment
 from drivetrain.testing.contracts import Check, NotApplicable
 
+#: The placeholders ``env``'s values may use.
+PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size", "port")
+
 
 def rank_variables(env: Mapping[str, str], world_size: int, port: int) -> list[dict[str, str]]:
-    """The variables of each rank of a one-node job: ``env`` with its placeholders filled in."""
-    return [
-        {
-            name: str(value).format(rank=rank, local_rank=rank, node_rank=0, world_size=world_size, port=port)
-            for name, value in env.items()
-        }
-        for rank in range(world_size)
-    ]
+    """The variables of each rank of a one-node job: ``env`` with its placeholders filled in.
+
+    Raises:
+        ValueError: ``world_size`` below 1, or a value with a placeholder the kit does not fill.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of processes, at least 1; got {world_size!r}.")
+    filled = []
+    for rank in range(world_size):
+        values = {"rank": rank, "local_rank": rank, "node_rank": 0, "world_size": world_size, "port": port}
+        ranks: dict[str, str] = {}
+        for name, value in env.items():
+            try:
+                ranks[name] = str(value).format(**values)
+            except (KeyError, IndexError, ValueError) as error:
+                raise ValueError(
+                    f"The variable {name}={value!r} has a placeholder the kit does not fill ({error}); use "
+                    f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}, and write a literal brace as {{{{ or }}}}."
+                ) from None
+        filled.append(ranks)
+    return filled
 
 
 @contextmanager
