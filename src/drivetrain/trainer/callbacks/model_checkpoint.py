@@ -17,6 +17,10 @@ name is taken (a second validation in the same epoch with ``filename="{epoch}"``
 run's files in the same folder) the new file gets Lightning's version suffix (``-v1``, ``-v2`` …),
 so a kept path (``best_model_path``) always holds the weights its score describes. Only the
 checkpoint that the new one displaces from the top k may be written over.
+
+This module is long (over 600 lines) because it is one public class with Lightning's whole surface
+(arguments, attributes, hooks, naming, ranking, pruning, resuming); the file helpers at the end
+(finding the last checkpoint, natural order) are the first candidates to move out.
 """
 
 from __future__ import annotations
