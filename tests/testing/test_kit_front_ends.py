@@ -229,3 +229,26 @@ def test_the_pytest_plugin_makes_one_test_per_target(tmp_path: Path) -> None:
         "checkpoint IO: loading where nothing was saved is an error: load_checkpoint() of a path where nothing"
         in (" ".join(result.stdout.split()))
     )
+
+
+def test_the_programs_of_a_plugin_other_processes_cannot_import_are_not_applicable_and_say_why(
+    tmp_path: Path,
+) -> None:
+    from drivetrain.plugins import Precision, TorchCheckpointIO
+    from drivetrain.testing import check_checkpoint_io, check_precision
+
+    class LocalIO(TorchCheckpointIO):  # defined in a function: no other process can build it
+        pass
+
+    class LocalPrecision(Precision):
+        pass
+
+    io = check_checkpoint_io(LocalIO(), tmp_path / "io")
+    assert io.ok and io.row("whole programs").status is Status.NOT_APPLICABLE
+    assert "pass 'module:attribute' of LocalIO" in io.row("whole programs").reason
+    precision = check_precision(LocalPrecision, root=tmp_path / "precision")
+    assert precision.row("whole programs").status is Status.NOT_APPLICABLE
+    assert "LocalPrecision cannot be imported by another process" in precision.row("whole programs").reason
+    contract_only = check_checkpoint_io(LocalIO(), tmp_path / "contract", whole_programs=False)
+    assert "whole_programs=False: the contract checks only." in contract_only.notes
+    assert not [row for row in contract_only if row.name == "whole programs"]

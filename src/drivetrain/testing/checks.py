@@ -41,6 +41,20 @@ from drivetrain.testing.settings import PLUGIN, load, reference_of
 DEFAULT_TIMEOUT = 300.0
 
 
+_NOT_MOVABLE = "cannot be imported by another process: move it into a module"
+
+
+def _programs_apply(report: Report, whole_programs: bool, importable: bool, why_not: str) -> bool:
+    """Whether the whole programs run after the contract checks; notes or reports why not."""
+    if not whole_programs:
+        report.notes.append("whole_programs=False: the contract checks only.")
+        return False
+    if not importable:
+        report.add(not_applicable("whole programs", why_not))
+        return False
+    return True
+
+
 def _resolve(plugin: Any, registry: Any) -> tuple[Any, str | None, str | None]:
     """(the class or instance, its registered name if given by name, ``"module:attr"`` to load it elsewhere)."""
     if isinstance(plugin, str) and ":" in plugin:
@@ -123,17 +137,13 @@ def check_accelerator(
         report.notes.append(
             f"fake=True: {label} ran against {library}, its devices translated to CPU devices."
         )
-    if not whole_programs:
-        report.notes.append("whole_programs=False: the contract checks only.")
-        return report
     reference = reference or reference_of(cls)
-    if reference is None:
-        report.add(
-            not_applicable(
-                "whole programs",
-                f"{label} cannot be imported by another process (defined in __main__ or a function): move it into a module",
-            )
-        )
+    if not _programs_apply(
+        report,
+        whole_programs,
+        reference is not None,
+        f"{label} cannot be imported by another process (defined in __main__ or a function): move it into a module",
+    ):
         return report
 
     if report.failures and any(
@@ -252,15 +262,9 @@ def check_strategy(
 
     with hardware.installed():
         report.add(rows(strategy_checks(cls, make, accelerator)))
-    if not whole_programs:
-        report.notes.append("whole_programs=False: the contract checks only.")
-        return report
-    if name is None and reference is None:
-        report.add(
-            not_applicable(
-                "whole programs", f"{label} cannot be imported by another process: move it into a module"
-            )
-        )
+    if not _programs_apply(
+        report, whole_programs, name is not None or reference is not None, f"{label} {_NOT_MOVABLE}"
+    ):
         return report
     parallel = isinstance(cls, type) and issubclass(cls, ParallelStrategy)
     wanted, allowed = _worlds(processes, devices if parallel else 1)
@@ -371,15 +375,9 @@ def check_precision(
         return cls()
 
     report.add(rows(precision_checks(cls, make)))
-    if not whole_programs:
-        report.notes.append("whole_programs=False: the contract checks only.")
-        return report
-    if name is None and reference is None:
-        report.add(
-            not_applicable(
-                "whole programs", f"{label} cannot be imported by another process: move it into a module"
-            )
-        )
+    if not _programs_apply(
+        report, whole_programs, name is not None or reference is not None, f"{label} {_NOT_MOVABLE}"
+    ):
         return report
     _wanted, allowed = _worlds(processes, 2)
     base = Hardware(accelerator, AcceleratorRegistry.entry(accelerator).cls).settings(
@@ -436,16 +434,15 @@ def check_checkpoint_io(
         return plugin() if isinstance(plugin, type) else plugin
 
     report.add(rows(checkpoint_io_checks(cls, make, str(path_or_url) if path_or_url is not None else None)))
-    if not whole_programs:
-        report.notes.append("whole_programs=False: the contract checks only.")
-        return report
-    if reference is None:
-        report.add(
-            not_applicable(
-                "whole programs",
-                f"pass 'module:attribute' of {cls.__name__} (or its class) so other processes can build it",
-            )
+    if (
+        not _programs_apply(
+            report,
+            whole_programs,
+            reference is not None,
+            f"pass 'module:attribute' of {cls.__name__} (or its class) so other processes can build it",
         )
+        or reference is None
+    ):
         return report
     _wanted, allowed = _worlds(processes, 2)
     base = Hardware("cpu", AcceleratorRegistry.entry("cpu").cls).settings(
@@ -487,16 +484,10 @@ def check_cluster_environment(
     report = Report(getattr(cls, "__name__", str(cls)), "cluster_environment")
     ranks = rank_variables(env, world_size, free_port())
     report.add(rows(environment_checks(cls, cls, ranks)))
-    if not whole_programs:
-        report.notes.append("whole_programs=False: the contract checks only.")
-        return report
-    if reference is None:
-        report.add(
-            not_applicable(
-                "whole programs",
-                f"{report.plugin} cannot be imported by another process: move it into a module",
-            )
-        )
+    if (
+        not _programs_apply(report, whole_programs, reference is not None, f"{report.plugin} {_NOT_MOVABLE}")
+        or reference is None
+    ):
         return report
     if report.failures:
         report.add(
