@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from helpers.scripts import run_command
 
@@ -38,4 +41,24 @@ def lightning_results_file(
         completed = run_command([str(python), str(script), "lightning", str(fresh)], timeout=300)
         assert completed.returncode == 0, completed.stderr[-3000:]
         fresh.replace(results)
+    return results
+
+
+def lightning_results(
+    script: Path, label: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """What ``script lightning OUT`` saved under Lightning (see :func:`lightning_results_file`)."""
+    loaded: dict[str, Any] = torch.load(
+        lightning_results_file(script, label, request, tmp_path_factory), weights_only=True
+    )
+    return loaded
+
+
+def drivetrain_results(script: Path) -> dict[str, Any]:
+    """``script``'s ``run_all("drivetrain")``, run in this process: the same program on drivetrain."""
+    spec = importlib.util.spec_from_file_location(f"{script.stem}_program", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results: dict[str, Any] = module.run_all("drivetrain")
     return results

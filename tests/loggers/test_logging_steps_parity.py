@@ -8,25 +8,20 @@ same row).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from helpers import peers
 from helpers.peers import lightning_results_file
 
 SCRIPT = Path(__file__).parent / "scripts" / "logging_steps.py"
 
 
 def _drivetrain_rows() -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("logging_steps", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows: dict[str, Any] = module.run_all("drivetrain")
-    return rows
+    return peers.drivetrain_results(SCRIPT)
 
 
 @pytest.mark.timeout(400)

@@ -8,14 +8,13 @@ weights at the end of each SWA epoch, Lightning at the start: docs/migrating-fro
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from helpers.peers import lightning_results_file
+from helpers import peers
 
 SCRIPT = Path(__file__).parent / "scripts" / "callbacks_parity.py"
 
@@ -24,19 +23,12 @@ SCRIPT = Path(__file__).parent / "scripts" / "callbacks_parity.py"
 def lightning_results(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    results = lightning_results_file(SCRIPT, "callbacks-parity", request, tmp_path_factory)
-    loaded: dict[str, Any] = torch.load(results, weights_only=True)
-    return loaded
+    return peers.lightning_results(SCRIPT, "callbacks-parity", request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def drivetrain_results() -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("callbacks_parity", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    results: dict[str, Any] = module.run_all("drivetrain")
-    return results
+    return peers.drivetrain_results(SCRIPT)
 
 
 @pytest.mark.parametrize("case", ["weight_averaging", "ema", "backbone", "pruning_global", "pruning_local"])

@@ -7,15 +7,13 @@ here on drivetrain. The one word that differs: the barebones line names ``Traini
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from helpers.peers import lightning_results_file
+from helpers import peers
 from trainer.trainer_models import Regression, loader, quiet_trainer
 
 SCRIPT = Path(__file__).parent / "scripts" / "info_lines.py"
@@ -25,20 +23,12 @@ SCRIPT = Path(__file__).parent / "scripts" / "info_lines.py"
 def lightning_lines(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    loaded: dict[str, Any] = torch.load(
-        lightning_results_file(SCRIPT, "info-lines", request, tmp_path_factory), weights_only=True
-    )
-    return loaded
+    return peers.lightning_results(SCRIPT, "info-lines", request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def drivetrain_lines() -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("info_lines_program", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    lines: dict[str, Any] = module.run_all("drivetrain")
-    return lines
+    return peers.drivetrain_results(SCRIPT)
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,12 @@ sizes after the same out-of-memory errors.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from helpers.peers import lightning_results_file
+from helpers import peers
 
 SCRIPT = Path(__file__).parent / "scripts" / "tuner_parity.py"
 
@@ -24,19 +22,12 @@ SCRIPT = Path(__file__).parent / "scripts" / "tuner_parity.py"
 def lightning_results(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    results = lightning_results_file(SCRIPT, "tuner-parity", request, tmp_path_factory)
-    loaded: dict[str, Any] = torch.load(results, weights_only=True)
-    return loaded
+    return peers.lightning_results(SCRIPT, "tuner-parity", request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def drivetrain_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location("tuner_parity", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    results: dict[str, Any] = module.run_all("drivetrain")
-    return results
+    return peers.drivetrain_results(SCRIPT)
 
 
 @pytest.mark.parametrize("mode", ["exponential", "linear"])
