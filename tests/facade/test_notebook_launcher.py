@@ -81,7 +81,11 @@ def _fail_once_then_train(directory: str) -> None:
         raise RuntimeError("rank 1 fails in the first attempt")
     accelerator = dt.Accelerator(cpu=True)
     total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0])).item()
-    (Path(directory) / f"rank{accelerator.process_index}").write_text(f"{attempt} {total}")
+    # A newly started process's handlers: the agent's, inherited through its fork, kept a worker
+    # blocked in the rendezvous from dying of the agent's SIGTERM (the restart waited 30 s for SIGKILL).
+    fresh = [signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)]
+    fresh.append(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    (Path(directory) / f"rank{accelerator.process_index}").write_text(f"{attempt} {total} {all(fresh)}")
 
 
 @pytest.mark.multiprocess
@@ -97,7 +101,7 @@ def test_accelerates_elastic_options_run_under_torchs_agent(tmp_path: Path) -> N
         max_restarts=1,
         monitor_interval=0.2,
     )
-    assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["1 3.0", "1 3.0"]
+    assert sorted(path.read_text() for path in tmp_path.iterdir()) == ["1 3.0 True", "1 3.0 True"]
     # torch's agent replaced them; the notebook gets its own back (Ctrl-C is a KeyboardInterrupt again).
     assert [signal.getsignal(signum) for signum in signals] == handlers
     assert "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ

@@ -8,6 +8,7 @@ rendezvous, watches them every ``monitor_interval`` seconds and restarts them al
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -59,8 +60,32 @@ def run_elastic(
         log_line_prefix_template=log_line_prefix_template,
     )
     with _handlers_left_as_found():
-        results: dict[int, Any] = elastic_launch(config=config, entrypoint=function)(*args)
+        results: dict[int, Any] = elastic_launch(config=config, entrypoint=_with_fresh_signals(function))(
+            *args
+        )
     return results
+
+
+def _with_fresh_signals(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run with the signal handlers a newly started process has, not the agent's.
+
+    The agent forks its workers after installing its own handlers. A worker that inherited them
+    turned the agent's SIGTERM into a Python exception that waits for the interpreter, so a worker
+    blocked in the rendezvous or a collective (a peer had failed) ignored it and was killed only
+    after torch's 30-second grace: every restart and every failed launch waited 30 s.
+    """
+
+    @functools.wraps(function)
+    def worker(*args: Any, **kwargs: Any) -> Any:
+        for name in _AGENT_SIGNALS:
+            if hasattr(signal, name):
+                signum = getattr(signal, name)
+                signal.signal(
+                    signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                )
+        return function(*args, **kwargs)
+
+    return worker
 
 
 @contextmanager
