@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.peers import compile_site_packages
+
 REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "constraints.txt"
 VENV_VARIABLE = "DRIVETRAIN_COMPAT_VENV"
@@ -64,10 +66,20 @@ def _has_user_packages(site_packages: Path) -> bool:
 
 def _pip_install(python: Path, *arguments: str) -> None:
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *arguments],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+            *arguments,
+        ],
         check=True,
         timeout=600,
     )
+    compile_site_packages(python)
 
 
 def accelerate_package(log: object = None) -> Path:
