@@ -104,6 +104,7 @@ class ParallelStrategy(Strategy):
         self._rendezvous_store: dist.Store | None = None
         self._setups = 0
         self._groups_formed = 0  # process groups joined by every rank (init_process_group returned)
+        self._joining = False  # inside init_process_group: waiting, in C++, for every rank to arrive
         self._watches = 0  # preemption watches made: each run's keys in the store are its own
         # The error this rank is leaving with (see on_exception): no collective is entered after it.
         self._failure: BaseException | None = None
@@ -268,7 +269,11 @@ class ParallelStrategy(Strategy):
         # Each setup gets fresh keys: a second group must not read the first one's addresses.
         self._setups += 1
         namespace = f"drivetrain/{environment.rendezvous_namespace()}/{self._setups}"
-        dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
+        self._joining = True
+        try:
+            dist.init_process_group(store=dist.PrefixStore(namespace, self._rendezvous_store), **kwargs)
+        finally:
+            self._joining = False
         self._groups_formed += 1
         self._owns_process_group = True
         self._failure = None

@@ -56,7 +56,8 @@ def test_a_failing_child_stops_the_job_and_is_named(tmp_path: Path) -> None:
 def test_a_child_that_ends_well_before_joining_fails_the_job_at_once(tmp_path: Path) -> None:
     # Code 0, but rank 1 never reached the process group: rank 0 must not wait for it until the
     # rendezvous timeout (30 minutes by default). Rank 0 waits in the store, where the watcher's
-    # interruption cannot reach it, so it is ended after the grace period, with the report.
+    # interruption cannot reach it and nothing needs unwinding: it is ended at once (not after the
+    # 10-second grace a rank inside the user's code gets), with the report.
     result = run_script([str(JOB), "exit-0-on-1-before-setup", str(tmp_path)], timeout=90)
     assert result.returncode != 0
     assert re.search(
@@ -65,6 +66,8 @@ def test_a_child_that_ends_well_before_joining_fails_the_job_at_once(tmp_path: P
         result.stderr,
     ), result.stderr
     assert "done rank=" not in result.stdout
+    assert "rank 0 was waiting in the rendezvous for ranks that will not come; exiting." in result.stderr
+    assert "did not stop within" not in result.stderr
 
 
 def test_the_failing_child_is_named_even_when_its_peer_notices_first(tmp_path: Path) -> None:

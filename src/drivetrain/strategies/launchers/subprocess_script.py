@@ -33,10 +33,12 @@ from drivetrain.strategies.rank_failures import FailureRecord, read_failures, ro
 if TYPE_CHECKING:
     from drivetrain.strategies.parallel import ParallelStrategy
 
-#: Seconds the interrupted main thread gets to unwind before the process is ended forcibly.
 _log = get_logger(__name__)  # launcher messages report failures: every rank that has one says so
 
+#: Seconds the interrupted main thread gets to unwind before the process is ended forcibly.
 INTERRUPT_GRACE_SECONDS = 10.0
+#: The same, while the main thread waits inside the rendezvous (it cannot run the handler there).
+JOINING_GRACE_SECONDS = 0.5
 #: The signal that wakes this process's main thread when a child failed: a real-time signal nobody
 #: else uses, so ``SIGUSR1``/``SIGUSR2`` stay the user's and the scheduler's (SLURM's requeue signal).
 INTERRUPT_SIGNAL = signal.SIGRTMAX - 2 if hasattr(signal, "SIGRTMAX") else signal.SIGUSR2
@@ -256,15 +258,21 @@ class SubprocessScriptLauncher(Launcher):
             signal.pthread_kill(threading.main_thread().ident or 0, INTERRUPT_SIGNAL)
         except (ValueError, OSError):
             pass
-        deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
+        # Waiting in the rendezvous, the main thread runs no handler until every rank arrived (never,
+        # now) and has nothing of the user's to unwind: it gets a moment, not the whole grace.
+        joining = getattr(self._strategy, "_joining", False)
+        grace = JOINING_GRACE_SECONDS if joining else INTERRUPT_GRACE_SECONDS
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if self._handled:
                 return
             time.sleep(0.05)
+        if getattr(self._strategy, "_joining", False):
+            reason = "was waiting in the rendezvous for ranks that will not come"
+        else:
+            reason = f"did not stop within {grace:.0f} s after {self._failure}"
         _log.error(
-            f"[drivetrain] rank {self._strategy.global_rank} did not stop within {INTERRUPT_GRACE_SECONDS:.0f} s "
-            f"after {self._failure}; exiting.",
-            main_process_only=False,
+            f"[drivetrain] rank {self._strategy.global_rank} {reason}; exiting.", main_process_only=False
         )
         os._exit(1)
 
