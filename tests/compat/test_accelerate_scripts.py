@@ -94,10 +94,20 @@ def test_accelerate_script(script: Script, world_size: int, package: Path, tmp_p
     _run(script, world_size, package, tmp_path)
 
 
-def test_conformance_table_is_current(package: Path) -> None:
+def test_conformance_table_is_current(package: Path, request: pytest.FixtureRequest) -> None:
     missing = [
         f"{name}-{size}" for name, size in ((s.name, w) for s, w in CASES) if (name, size) not in _results
     ]
+    # Cases this process was given (not deselected with -k) but never ran went to another
+    # pytest-xdist worker: the table would go unchecked in every run, so that is a failure.
+    selected = {
+        item.name.removeprefix("test_accelerate_script[").removesuffix("]") for item in request.session.items
+    }
+    elsewhere = [case for case in missing if case in selected]
+    assert not elsewhere, (
+        f"{elsewhere} ran in another pytest-xdist worker; run this module whole on one (--dist loadfile, "
+        f"as scripts/test does) or without workers."
+    )
     if missing:
         pytest.skip(f"the table needs every case of this module in the same run; missing {missing}")
     text = table.render(accelerate_package.pinned_version(), _results, WORLD_SIZES)

@@ -16,9 +16,6 @@ import pytest
 from docs_site.code_blocks import code_blocks, page_program, write_page_files
 from helpers.scripts import REPO, clean_env, run_command, run_script
 
-#: Under pytest-xdist the built site (a module fixture, ~12 s) is built once: every test here on one worker.
-pytestmark = pytest.mark.xdist_group("docs_site")
-
 DOCS = REPO / "docs"
 GUIDES = sorted(p for p in DOCS.rglob("*.md") if p.parent.name != "api")
 RUNNABLE = [p for p in GUIDES if any(b.runs for b in code_blocks(p.read_text(), str(p)))]
