@@ -10,7 +10,6 @@ beside the peers. Later runs reuse it after a quick check that every package is 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -70,12 +69,10 @@ def requirement_name(requirement: str) -> str:
 def compile_site_packages(python: Path) -> None:
     """Byte-compile a venv's packages on every core (pip does it on one, at twice the time).
 
-    Installs use ``--no-compile`` and call this. Only where ``PYTHONDONTWRITEBYTECODE`` is set:
-    every peer process would compile torch from source again; elsewhere Python caches what is
-    imported. Exit code 1 only means some package ships files that are not valid Python 3.
+    Installs use ``--no-compile`` and call this; the bytecode must exist, since where
+    ``PYTHONDONTWRITEBYTECODE`` is set every peer process would compile torch from source. Exit
+    code 1 only means some package ships files that are not valid Python 3, never imported.
     """
-    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        return  # the processes cache what they import, as they import it (scripts/test)
     site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
     subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *map(str, site)], check=False)
 

@@ -80,9 +80,8 @@ def _pip_install(python: Path, *arguments: str) -> None:
     # Bytecode on every core (pip compiles on one, at twice the time); exit code 1 only means some
     # package ships files that are not valid Python 3. (runner.py imports this file without the
     # repository on its path, so benchmarks.peers.compile_site_packages is not at hand.)
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # otherwise Python caches what is imported
-        site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
-        subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *map(str, site)], check=False)
+    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
+    subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *map(str, site)], check=False)
 
 
 def accelerate_package(log: object = None) -> Path:
