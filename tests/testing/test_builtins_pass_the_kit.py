@@ -11,6 +11,7 @@ built-in (docs/writing-a-plugin.md says which runs where); CUDA runs for real wh
 from __future__ import annotations
 
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,15 @@ def test_builtin_precisions_pass_the_contract(name: str) -> None:
 )
 def test_builtin_checkpoint_ios_pass_the_contract(io: str, tmp_path: Path) -> None:
     _all_pass(check_checkpoint_io(io, tmp_path, whole_programs=False))
+
+
+def test_the_contract_without_a_folder_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It writes into one temporary folder and removes it; each check used to make another, left empty.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _all_pass(check_checkpoint_io("drivetrain.plugins:TorchCheckpointIO", whole_programs=False))
+    assert list(tmp_path.iterdir()) == []
 
 
 def _lsf_hosts() -> str:

@@ -62,11 +62,9 @@ def checkpoint_io_checks(cls: Any, make: Callable[[], Any], folder: str | None) 
     def place(name: str) -> str:
         if not local:
             return f"{str(folder).rstrip('/')}/{name}"
-        base = (
-            root
-            if root is not None
-            else Path(state.setdefault("tmp", tempfile.mkdtemp(prefix="drivetrain-kit-io-")))
-        )
+        if root is None and "tmp" not in state:  # one folder, made on first use (teardown removes it)
+            state["tmp"] = tempfile.mkdtemp(prefix="drivetrain-kit-io-")
+        base = root if root is not None else Path(state["tmp"])
         return str(base / name / "last.ckpt")
 
     def subclass() -> str | None:
