@@ -267,7 +267,7 @@ class SubprocessScriptLauncher(Launcher):
             if self._handled:
                 return
             time.sleep(0.05)
-        if getattr(self._strategy, "_joining", False):
+        if joining:
             reason = "was waiting in the rendezvous for ranks that will not come"
         else:
             reason = f"did not stop within {grace:.0f} s after {self._failure}"
