@@ -116,7 +116,10 @@ def run_processes(
                 kind, rank, payload = queue.get()
                 (results if kind == "ok" else failures)[rank] = payload
             if failures:
-                break  # one rank failed: the others may be stuck waiting for it
+                # One rank failed: the others may be stuck waiting for it, or failing for their own
+                # reason a moment later (a peer that crashed explains a "connection closed by peer").
+                _collect_for_a_moment(queue, processes, results, failures, seconds=2.0)
+                break
             dead = [
                 r
                 for r, p in enumerate(processes)
@@ -146,6 +149,28 @@ def run_processes(
         others = "".join(f"\n--- rank {r} ---\n{failures[r]}" for r in sorted(failures) if r != first)
         raise RankFailed(f"rank {first} failed:\n{failures[first]}{others}")
     return [pickle.loads(results[rank]) for rank in range(world_size)]
+
+
+def _collect_for_a_moment(
+    queue: Any, processes: list[Any], results: dict[int, Any], failures: dict[int, str], seconds: float
+) -> None:
+    """Take the reports of the other ranks that arrive within ``seconds``; name the ones that died silently."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(results) + len(failures) < len(processes):
+        while not queue.empty():
+            kind, rank, payload = queue.get()
+            (results if kind == "ok" else failures)[rank] = payload
+        if all(
+            p.exitcode is not None for r, p in enumerate(processes) if r not in results and r not in failures
+        ):
+            break
+        time.sleep(0.01)
+    while not queue.empty():
+        kind, rank, payload = queue.get()
+        (results if kind == "ok" else failures)[rank] = payload
+    for rank, process in enumerate(processes):
+        if rank not in results and rank not in failures and process.exitcode not in (None, 0):
+            failures[rank] = f"exited with code {process.exitcode} without reporting"
 
 
 def _rank_main(
