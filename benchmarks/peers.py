@@ -66,17 +66,6 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
 
 
-def compile_site_packages(python: Path) -> None:
-    """Byte-compile a venv's packages on every core (pip does it on one, at twice the time).
-
-    Installs use ``--no-compile`` and call this; the bytecode must exist, since where
-    ``PYTHONDONTWRITEBYTECODE`` is set every peer process would compile torch from source. Exit
-    code 1 only means some package ships files that are not valid Python 3, never imported.
-    """
-    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
-    subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *map(str, site)], check=False)
-
-
 def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = print) -> Path:
     """Return the peers' interpreter, creating the environment first if it is absent or incomplete."""
     python = venv_python(venv)
@@ -92,21 +81,18 @@ def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = prin
         # The project's interpreter may itself be a venv; `-m venv` builds on its base Python.
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     started = time.perf_counter()
+    # scripts/install: uv where this machine's pip configuration can be carried over to it, else pip;
+    # then the environment is byte-compiled on every core.
     subprocess.run(
         [
+            str(REPO_ROOT / "scripts" / "install"),
             str(python),
-            "-m",
-            "pip",
-            "install",
             "--quiet",
-            "--disable-pip-version-check",
-            "--no-compile",
             "-c",
             str(REPO_ROOT / "constraints.txt"),
             *requirements,
         ],
         check=True,
     )
-    compile_site_packages(python)
     log(f"peers installed in {time.perf_counter() - started:.0f} s")
     return python

@@ -62,26 +62,12 @@ def _has_user_packages(site_packages: Path) -> bool:
     return all(any(site_packages.glob(f"{name}-*.dist-info")) for name in USER_PACKAGES)
 
 
-def _pip_install(python: Path, *arguments: str) -> None:
+def _install(python: Path, *arguments: str) -> None:
+    # scripts/install: uv where this machine's pip configuration can be carried over to it, else
+    # pip; then the environment is byte-compiled on every core.
     subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-compile",
-            *arguments,
-        ],
-        check=True,
-        timeout=600,
+        [str(REPO / "scripts" / "install"), str(python), "--quiet", *arguments], check=True, timeout=600
     )
-    # Bytecode on every core (pip compiles on one, at twice the time); exit code 1 only means some
-    # package ships files that are not valid Python 3. (runner.py imports this file without the
-    # repository on its path, so benchmarks.peers.compile_site_packages is not at hand.)
-    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
-    subprocess.run([str(python), "-m", "compileall", "-qq", "-j", "0", *map(str, site)], check=False)
 
 
 def accelerate_package(log: object = None) -> Path:
@@ -100,8 +86,8 @@ def accelerate_package(log: object = None) -> Path:
     else:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     started = time.perf_counter()
-    _pip_install(python, "--no-deps", "-c", str(CONSTRAINTS), f"accelerate=={version}")
-    _pip_install(python, "-c", str(CONSTRAINTS), *USER_PACKAGES)
+    _install(python, "--no-deps", "-c", str(CONSTRAINTS), f"accelerate=={version}")
+    _install(python, "-c", str(CONSTRAINTS), *USER_PACKAGES)
     site = _site_packages(venv)
     if _installed_version(site) != version:
         raise RuntimeError(f"installing accelerate=={version} into {venv} left {_installed_version(site)!r}.")
