@@ -77,7 +77,7 @@ def ensure_peers_venv(venv: Path = PEERS_VENV, log: Callable[[str], None] = prin
             return python
         log(f"peers' venv at {venv} lacks {[k for k, v in versions.items() if not v]}; installing")
     else:
-        log(f"creating the peers' venv at {venv} (one time, about a minute)")
+        log(f"creating the peers' venv at {venv} (one time, ~15-30 s)")
         # The project's interpreter may itself be a venv; `-m venv` builds on its base Python.
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     started = time.perf_counter()
