@@ -138,15 +138,28 @@ def cuda_test_files() -> list[str]:
     )
 
 
+_SUMMARY = re.compile(r"(\b\d+ (passed|failed|skipped|errors?|deselected)\b|\bno tests ran\b).* in [\d.]+s\b")
+
+
+def pytest_counts(output: str) -> tuple[dict[str, int], str]:
+    """The counts of pytest's final summary line in ``output``, and that line ("" if there is none).
+
+    The summary is the last line that looks like one, not the last line: anything printed after it
+    (a warning at interpreter exit, say) must not turn every count into 0.
+    """
+    counts = {kind: 0 for kind in ("passed", "failed", "skipped", "error", "deselected")}
+    summary = next((line.strip() for line in reversed(output.splitlines()) if _SUMMARY.search(line)), "")
+    for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary):
+        counts[kind.rstrip("s") if kind.startswith("error") else kind] += int(number)
+    return counts, summary
+
+
 def run_tests(python: str, cap_s: float, log: Path) -> CaseResult:
     files = cuda_test_files()
     command = [python, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", *files]
     ran = run_part(command, None, cap_s, REPO_ROOT)
     log.write_text(f"# {' '.join(command[1:])}\n# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n{ran.output}")
-    counts = {kind: 0 for kind in ("passed", "failed", "skipped", "error", "deselected")}
-    summary = ran.output.strip().splitlines()[-1] if ran.output.strip() else ""
-    for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary):
-        counts[kind.rstrip("s") if kind.startswith("error") else kind] += int(number)
+    counts, summary = pytest_counts(ran.output)
     outcome = CaseResult(
         "cuda_tests",
         "CUDA-marked tests",
@@ -162,6 +175,8 @@ def run_tests(python: str, cap_s: float, log: Path) -> CaseResult:
     )
     if counts["failed"] or counts["error"]:
         outcome.problems.append(f"cuda tests: {summary}")
+    elif not summary and ran.error is None:
+        outcome.problems.append("cuda tests: pytest ended without its summary line; see the log")
     elif ran.error is not None and "exit code 5" not in ran.error:
         outcome.problems.append(f"cuda tests: {ran.error}")
     outcome.data = {"files": files, "counts": counts, "summary": summary}

@@ -123,3 +123,26 @@ def test_without_a_gpu_the_real_check_refuses_and_points_to_the_dry_run(
         pytest.skip("a GPU is here")
     assert gpu_check.main(["--python", sys.executable, "--parts", "ceiling"]) == 2
     assert "use --dry-run" in capsys.readouterr().err
+
+
+def test_the_cuda_tests_counts_come_from_pytests_summary_even_with_lines_after_it() -> None:
+    quiet = "ssss\n2 passed, 12 skipped, 1990 deselected in 3.21s\n"
+    counts, summary = gpu_check.pytest_counts(
+        quiet + "Exception ignored in atexit callback: ...\nKeyError: 'X'\n"
+    )
+    assert summary == "2 passed, 12 skipped, 1990 deselected in 3.21s"
+    assert counts == {"passed": 2, "failed": 0, "skipped": 12, "error": 0, "deselected": 1990}
+    decorated = "==== 1 failed, 3 errors, 7 skipped in 0.50s (0:00:00) ====\n"
+    assert gpu_check.pytest_counts(decorated)[0] == {
+        "passed": 0,
+        "failed": 1,
+        "skipped": 7,
+        "error": 3,
+        "deselected": 0,
+    }
+    # A "3 passed" inside a test's own output is not the summary; no summary line at all reads as none.
+    assert gpu_check.pytest_counts("it printed 3 passed\nTraceback ...\n") == (
+        {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "deselected": 0},
+        "",
+    )
+    assert gpu_check.pytest_counts("no tests ran in 0.01s\n")[1] == "no tests ran in 0.01s"
