@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import sys
 import time
 import weakref
@@ -104,6 +105,12 @@ def _leave_at_exit(reference: weakref.ref[ParallelStrategy]) -> None:
     strategy = reference()
     if strategy is not None:
         strategy.leave_at_exit()
+        del strategy
+    # Leaving takes the group out of torch's registry, but a DDP wrapper the program no longer
+    # reaches (a reference cycle, say the model of a `main()` that returned) still holds it through
+    # its reducer; without this collection the group is freed in the interpreter's finalisation,
+    # where gloo's threads can abort the finished process (torch's PR 179291 describes the crash).
+    gc.collect()
 
 
 def _watch_for_crashes(strategy: ParallelStrategy) -> None:
