@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import signal
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -133,3 +135,50 @@ def test_an_accelerator_watching_for_preemption_is_freed_with_its_handlers_when_
     # and the handler it installed does not outlive it.
     assert gone() is None
     assert signal.getsignal(signal.SIGUSR2) is previous
+
+
+#: Runs the stop signal's handler at every line the watch (and what it calls) runs while it is installed
+#: and uninstalled, as Python runs a handler: on the main thread between two bytecodes,
+#: inside whatever that line holds (an Event's lock in the middle of set(), for one). A signal raised
+#: for real is handled only once tracing ends, so the handler is called from the trace function.
+_SIGNAL_AT_EVERY_LINE = """
+import signal, sys
+import torch.distributed as dist
+from drivetrain.strategies.preemption import PreemptionWatch
+
+signal.signal(signal.SIGUSR2, lambda signum, frame: None)  # the handler the watch finds and chains to
+fired = []
+
+def tracer(frame, event, arg):
+    if event == "line":
+        handler = signal.getsignal(signal.SIGUSR2)
+        if callable(handler):
+            fired.append(frame.f_lineno)
+            handler(signal.SIGUSR2, frame)
+    return tracer
+
+for store, world_size in ((None, 1), (dist.HashStore(), 2)):
+    watch = PreemptionWatch([signal.SIGUSR2], lambda: 0, store, "job", 0, world_size)
+    fired.clear()
+    sys.settrace(tracer)
+    watch.install()
+    watch.uninstall()
+    sys.settrace(None)
+    assert watch.pending and watch.signum in (None, signal.SIGUSR2), vars(watch)
+    print(world_size, len(fired), "handler calls")
+"""
+
+
+def test_a_stop_signal_at_any_line_of_installing_or_removing_the_watch_never_deadlocks(
+    tmp_path: Path,
+) -> None:
+    # The handler used to wake the watcher thread with an Event, whose lock the main thread holds inside
+    # uninstall's own set(): a SIGTERM landing there (the launcher stopping the ranks after one died)
+    # left the rank waiting on itself forever, until the launcher killed it unrecorded.
+    script = tmp_path / "signal_everywhere.py"
+    script.write_text(_SIGNAL_AT_EVERY_LINE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # The handler ran at every line, for both watches (one process; two ranks with a watcher thread).
+    calls = dict(line.split()[:2] for line in done.stdout.splitlines() if line.endswith("handler calls"))
+    assert set(calls) == {"1", "2"} and min(int(n) for n in calls.values()) > 50, done.stdout

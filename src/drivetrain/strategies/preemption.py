@@ -21,6 +21,8 @@ checkpoint through the core checkpoint module and raises :class:`Preempted`).
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
 import time
@@ -108,7 +110,10 @@ class PreemptionWatch:
         self._stop_at: int | None = None
         self._previous: dict[int, Any] = {}
         self._closed = threading.Event()
-        self._wake = threading.Event()
+        # The watcher thread sleeps on a pipe the signal handler writes to. The handler runs on the
+        # main thread between any two bytecodes, also inside a lock the main thread holds (an
+        # Event's, in the middle of set()): it must take no lock at all, and a pipe write takes none.
+        self._wake_fds: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -131,6 +136,10 @@ class PreemptionWatch:
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._handle)
         if self._store is not None:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            os.set_blocking(write_fd, False)
+            self._wake_fds = (read_fd, write_fd)
             self._thread = threading.Thread(target=self._watch, daemon=True, name="drivetrain-preemption")
             self._thread.start()
         return True
@@ -138,7 +147,7 @@ class PreemptionWatch:
     def uninstall(self) -> None:
         """Restore the previous handlers; a signal received but never acted on is delivered to them."""
         self._closed.set()
-        self._wake.set()
+        self._poke()
         if self._thread is not None and self._thread is not threading.current_thread():
             # Joined, not left running: a daemon thread inside a store call at interpreter exit
             # can abort the process. It wakes at once; a store call in flight takes milliseconds.
@@ -146,6 +155,10 @@ class PreemptionWatch:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        fds, self._wake_fds = self._wake_fds, None  # after the handlers: none of ours can run now
+        if fds is not None and (self._thread is None or not self._thread.is_alive()):
+            for fd in fds:
+                os.close(fd)
         received = self._received
         if received is not None and not self.stopping:
             self._received = None
@@ -160,10 +173,30 @@ class PreemptionWatch:
         # before the loop's last steps, and the run would end unstopped. The loop then waits at
         # its next boundary for the thread's post (see stop_here).
         self.pending = True
-        self._wake.set()
+        self._poke()
         previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)
+
+    def _poke(self) -> None:
+        """Wake the watcher thread (safe in a signal handler: one write, no lock)."""
+        fds = self._wake_fds
+        if fds is not None:
+            try:
+                os.write(fds[1], b"\0")
+            except OSError:  # the pipe is full (a wake is pending anyway)
+                pass
+
+    def _sleep(self) -> None:
+        """Sleep until poked, or for :data:`TICK_SECONDS`."""
+        fds = self._wake_fds
+        if fds is None:
+            return
+        select.select([fds[0]], [], [], TICK_SECONDS)
+        try:
+            os.read(fds[0], 4096)
+        except OSError:  # nothing to read (the tick ran out)
+            pass
 
     # -- agreeing on the stop step -----------------------------------------------------------
     def stop_here(self) -> bool:
@@ -203,8 +236,7 @@ class PreemptionWatch:
         requested = self._key("requested")
         try:
             while not self._closed.is_set():
-                self._wake.wait(TICK_SECONDS)
-                self._wake.clear()
+                self._sleep()
                 if self._closed.is_set():
                     return
                 if self._received is not None:
