@@ -252,17 +252,34 @@ class Runner:
         return samples
 
 
-def compile_bytecode(python: str, paths: Sequence[Path], log: Callable[[str], None] = print) -> str | None:
+def compile_bytecode(
+    python: str, paths: Sequence[Path], log: Callable[[str], None] = print, installed: bool = False
+) -> str | None:
     """Write the bytecode of ``paths`` (drivetrain trees, this package) once, before any case runs.
 
     An installed package comes with its ``.pyc`` files (pip compiles at install), and a user's
     Python writes them for a source checkout on the first import; from then on no import
     compiles. Measured without them, every sample of a drivetrain variant would compile the
     whole package again (~80 ms, half of drivetrain's import time) while the peers' installed
-    packages would not: a cost no user pays after their first run. Returns an error message, or
-    None when the bytecode was written.
+    packages would not: a cost no user pays after their first run. With ``installed``, the
+    interpreter's installed packages too (files already compiled are skipped): an environment
+    ``scripts/test`` built compiles on import only what the tests imported, and the first sample
+    to import anything else would pay for it. Returns an error message, or None when the
+    bytecode was written.
     """
     env = base_environment(1)
+    if installed:
+        found = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if found.returncode != 0 or not found.stdout.strip():
+            return f"could not find the installed packages of {python}: {found.stderr.strip()[-300:]}"
+        paths = [*paths, Path(found.stdout.strip())]
     command = [python, "-m", "compileall", "-q", "-j", "0", *map(str, paths)]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)

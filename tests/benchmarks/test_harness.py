@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import venv
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,21 @@ def test_bytecode_is_written_once_and_samples_may_reuse_it(monkeypatch, tmp_path
     finally:
         runner.close()
     assert sample.error is None and sample.result == {"flag": None}
+
+
+def test_a_published_run_compiles_the_installed_packages_a_quick_run_does_not(tmp_path: Path) -> None:
+    # An environment scripts/test built holds bytecode only for what the tests imported.
+    venv.create(tmp_path / "env", with_pip=False)
+    python = str(tmp_path / "env" / "bin" / "python")
+    [purelib] = (tmp_path / "env" / "lib").glob("python3*/site-packages")
+    (purelib / "installed_package.py").write_text("VALUE = 1\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "source.py").write_text("VALUE = 2\n")
+    assert compile_bytecode(python, [tree], lambda _: None) is None
+    assert (tree / "__pycache__").is_dir() and not (purelib / "__pycache__").exists()
+    assert compile_bytecode(python, [tree], lambda _: None, installed=True) is None
+    assert [p.name.split(".")[0] for p in (purelib / "__pycache__").glob("*.pyc")] == ["installed_package"]
 
 
 def test_bytecode_that_cannot_be_written_is_reported(tmp_path: Path) -> None:
