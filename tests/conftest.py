@@ -172,9 +172,9 @@ def _freeze_survivors() -> None:
     and each full collection walks all of it: ~15 % of a worker's time in single-process tests.
     Ranks forked from the worker (``helpers.multiprocess``, ``ddp_fork``, the kill-point forks)
     walked it too, copying every page they touched. Frozen at the start and between modules
-    (module fixtures already torn down), it stays shared and unwalked: pytest took 812 s on a fresh
-    clone against 840 s without (751 s with warm caches). Objects a test creates are collected as
-    before.
+    (module fixtures already torn down), it stays shared and unwalked: pytest took 807-812 s on a
+    fresh clone against 840 s without. Only what is still alive at a module's end is frozen; what a
+    test creates and drops is collected as before.
     """
     gc.collect()
     gc.freeze()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import subprocess
+import venv
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,30 @@ def test_uv_installed_the_torch_build_pip_takes_from_this_machines_disk() -> Non
     peers = REPO / "benchmarks" / ".peers-venv"
     for info in peers.glob("lib/python3*/site-packages/torch-*.dist-info"):
         assert info.name == f"torch-{local}.dist-info"
+
+
+@pytest.mark.parametrize("bytecode", ["", "on-import"])
+def test_the_installer_compiles_the_environment_unless_bytecode_is_left_to_imports(
+    tmp_path: Path, bytecode: str
+) -> None:
+    venv.create(tmp_path / "env", with_pip=False)
+    [purelib] = (tmp_path / "env" / "lib").glob("python3*/site-packages")
+    (purelib / "planted.py").write_text("VALUE = 1\n")
+    (tmp_path / "nothing.txt").write_text("")
+    env = {**os.environ, "DRIVETRAIN_BYTECODE": bytecode}
+    done = subprocess.run(
+        [
+            str(REPO / "scripts" / "install"),
+            str(tmp_path / "env" / "bin" / "python"),
+            "-r",
+            str(tmp_path / "nothing.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    compiled = [p.name.split(".")[0] for p in (purelib / "__pycache__").glob("*.pyc")]
+    # scripts/test leaves bytecode to the imports (DRIVETRAIN_BYTECODE=on-import); every other install compiles.
+    assert compiled == ([] if bytecode == "on-import" else ["planted"])
